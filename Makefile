@@ -1,0 +1,35 @@
+# The two commands of the README: `make demo` and `make test`. Both set everything up first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# A local CPU wheel of torch, when the machine has one, spares the 3 GB CUDA build from PyPI.
+WHEELS := $(wildcard /opt/wheels)
+PIP_FLAGS := $(if $(WHEELS),--find-links $(WHEELS),)
+DURATION ?= 120
+
+.PHONY: setup system-deps kafka-jars test test-unit demo bench clean
+
+setup: system-deps $(VENV)/.installed kafka-jars
+
+system-deps:
+	@infra/install-system-deps.sh
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(PIP_FLAGS) -e '.[test]'
+	touch $@
+
+kafka-jars: $(VENV)/.installed
+	@$(PY) -c "from infra.kafka_broker import ensure_kafka_jars; print('kafka jars:', ensure_kafka_jars())"
+
+test: setup
+	$(PY) -m pytest
+
+test-unit: $(VENV)/.installed
+	$(PY) -m pytest tests/unit
+
+demo: setup
+	$(VENV)/bin/streamtrain demo
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

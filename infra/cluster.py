@@ -1,0 +1,81 @@
+"""The three services of a streamtrain installation, managed together.
+
+Layout of the state dir (`STREAMTRAIN_HOME`, or a temp dir in tests):
+    services.json   the ports chosen by the last `up`
+    kafka/ etcd/ redis/   each service's data, config, log and pid file
+A service whose environment variable names an external cluster is not started here; it is
+only probed.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra.endpoints import Endpoints, Ports, record_ports, recorded_ports
+from infra.etcd_server import EtcdServer, health_ok
+from infra.kafka_broker import KafkaBroker, ensure_kafka_jars, metadata_ok
+from infra.process import ServerProcess
+from infra.redis_server import RedisServer, ping_ok
+
+SERVICES = ("kafka", "etcd", "redis")
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    name: str
+    address: str
+    healthy: bool
+    pid: int | None
+    external: bool
+
+    def as_dict(self) -> dict[str, object]:
+        return {"address": self.address, "healthy": self.healthy, "pid": self.pid,
+                "external": self.external}
+
+
+class LocalServices:
+    """Start, probe and stop Kafka, etcd and Redis under one state dir."""
+
+    def __init__(self, home: Path, ports: Ports | None = None) -> None:
+        self.home = home
+        self.ports = ports or recorded_ports(home) or Ports.default()
+        self.endpoints = Endpoints.overlay_env(Endpoints.local(self.ports))
+        self.servers: dict[str, ServerProcess] = {
+            "kafka": KafkaBroker(home / "kafka", self.ports.kafka, self.ports.kafka_controller),
+            "etcd": EtcdServer(home / "etcd", self.ports.etcd, self.ports.etcd_peer),
+            "redis": RedisServer(home / "redis", self.ports.redis),
+        }
+
+    def managed(self) -> list[ServerProcess]:
+        return [s for name, s in self.servers.items() if name not in self.endpoints.external]
+
+    def up(self) -> dict[str, float | None]:
+        """Start every managed service not already running. Returns seconds-to-ready per
+        service started (None for one that was already up). Idempotent."""
+        record_ports(self.home, self.ports)
+        if "kafka" not in self.endpoints.external:
+            ensure_kafka_jars()  # before the clock starts: resolving is not starting
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            futures = {s.name: pool.submit(s.start) for s in self.managed()}
+            return {name: f.result() for name, f in futures.items()}
+
+    def down(self) -> list[str]:
+        """Stop every managed service; returns the names of those that were running."""
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            stopped = dict(zip(SERVICES, pool.map(lambda s: s.stop(), self.servers.values())))
+        return [name for name, was in stopped.items() if was and name not in self.endpoints.external]
+
+    def status(self) -> list[ServiceStatus]:
+        probes = {"kafka": metadata_ok, "etcd": health_ok, "redis": ping_ok}
+        addresses = self.endpoints.as_dict()
+
+        def one(name: str) -> ServiceStatus:
+            external = name in self.endpoints.external
+            pid = None if external else self.servers[name].pid()
+            healthy = (external or pid is not None) and probes[name](addresses[name])
+            return ServiceStatus(name, addresses[name], bool(healthy), pid, external)
+
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            return list(pool.map(one, SERVICES))

@@ -1,0 +1,129 @@
+"""Where the three services are, for every process of a job.
+
+Resolution order per service: its environment variable (an external cluster), else the local
+services recorded by `streamtrain up` in the state dir, else the default local ports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ENV_KAFKA = "STREAMTRAIN_KAFKA"
+ENV_ETCD = "STREAMTRAIN_ETCD"
+ENV_REDIS = "STREAMTRAIN_REDIS"
+ENV_HOME = "STREAMTRAIN_HOME"
+ENV_PORT_BASE = "STREAMTRAIN_PORT_BASE"
+
+DEFAULT_PORT_BASE = 19092
+STATE_FILE = "services.json"
+
+
+def state_home() -> Path:
+    """The state dir of `streamtrain up` (data dirs, logs, pids, chosen ports)."""
+    if home := os.environ.get(ENV_HOME):
+        return Path(home).expanduser()
+    xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(xdg) / "streamtrain"
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Loopback ports of the local services; five consecutive ports from a base by default."""
+
+    kafka: int
+    kafka_controller: int
+    etcd: int
+    etcd_peer: int
+    redis: int
+
+    @classmethod
+    def from_base(cls, base: int) -> Ports:
+        if not 1024 <= base <= 65530:
+            raise ValueError(f"port base {base} is outside 1024..65530")
+        return cls(base, base + 1, base + 2, base + 3, base + 4)
+
+    @classmethod
+    def free(cls) -> Ports:
+        """Five currently free ports, for tests that must not collide with anything."""
+        socks = [socket.socket() for _ in range(5)]
+        try:
+            for s in socks:
+                s.bind(("127.0.0.1", 0))
+            return cls(*(s.getsockname()[1] for s in socks))
+        finally:
+            for s in socks:
+                s.close()
+
+    @classmethod
+    def default(cls) -> Ports:
+        return cls.from_base(int(os.environ.get(ENV_PORT_BASE, DEFAULT_PORT_BASE)))
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Client addresses: Kafka bootstrap servers, etcd host:port, Redis URL."""
+
+    kafka: str
+    etcd: str
+    redis: str
+    external: frozenset[str] = frozenset()
+
+    @property
+    def etcd_host_port(self) -> tuple[str, int]:
+        host, _, port = self.etcd.rpartition(":")
+        return host or "127.0.0.1", int(port)
+
+    @classmethod
+    def local(cls, ports: Ports) -> Endpoints:
+        return cls(
+            kafka=f"127.0.0.1:{ports.kafka}",
+            etcd=f"127.0.0.1:{ports.etcd}",
+            redis=f"redis://127.0.0.1:{ports.redis}/0",
+        )
+
+    @classmethod
+    def resolve(cls, home: Path | None = None) -> Endpoints:
+        """Endpoints for a job process: environment first, then what `streamtrain up` recorded."""
+        ports = recorded_ports(home or state_home()) or Ports.default()
+        return cls.overlay_env(cls.local(ports))
+
+    @classmethod
+    def overlay_env(cls, local: Endpoints) -> Endpoints:
+        """`local`, with each service named by its environment variable replaced (external)."""
+        env = {
+            "kafka": os.environ.get(ENV_KAFKA),
+            "etcd": _strip_scheme(os.environ.get(ENV_ETCD, "")),
+            "redis": os.environ.get(ENV_REDIS),
+        }
+        return cls(
+            kafka=env["kafka"] or local.kafka,
+            etcd=env["etcd"] or local.etcd,
+            redis=env["redis"] or local.redis,
+            external=frozenset(name for name, value in env.items() if value),
+        )
+
+    def as_dict(self) -> dict[str, str]:
+        return {"kafka": self.kafka, "etcd": self.etcd, "redis": self.redis}
+
+
+def _strip_scheme(url: str) -> str:
+    # etcd users habitually write http://host:port; the gRPC client wants host:port.
+    return url.split("://", 1)[-1].split(",", 1)[0].rstrip("/")
+
+
+def recorded_ports(home: Path) -> Ports | None:
+    path = home / STATE_FILE
+    if not path.exists():
+        return None
+    return Ports(**json.loads(path.read_text())["ports"])
+
+
+def record_ports(home: Path, ports: Ports) -> None:
+    home.mkdir(parents=True, exist_ok=True)
+    tmp = home / (STATE_FILE + ".tmp")
+    tmp.write_text(json.dumps({"ports": asdict(ports)}, indent=2))
+    tmp.replace(home / STATE_FILE)

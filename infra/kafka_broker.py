@@ -1,0 +1,193 @@
+"""Apache Kafka 4.x in KRaft mode, one combined broker+controller node, jars from Maven Central.
+
+Maven resolves `org.apache.kafka:kafka_2.13` (see pom.xml beside this file) into a cache dir
+keyed by the pom's hash, so bumping the version in the pom is all an upgrade takes and nothing
+is ever committed. Storage is formatted once per data dir; after a crash the broker recovers
+its logs from that dir, topics and messages intact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import socket
+import subprocess
+from importlib.resources import files
+from pathlib import Path
+
+from infra.errors import ServiceStartError
+from infra.process import ServerProcess, require
+
+BROKER_MAIN = "kafka.Kafka"
+STORAGE_TOOL = "kafka.tools.StorageTool"
+# A test-sized heap; the broker runs comfortably in it on this 2-core machine.
+HEAP_OPTS = ["-Xms256m", "-Xmx512m"]
+_INSTALL_JAVA = "apt-get install -y openjdk-17-jre-headless"
+_INSTALL_MAVEN = "apt-get install -y maven"
+
+
+def cache_root() -> Path:
+    if explicit := os.environ.get("STREAMTRAIN_CACHE"):
+        return Path(explicit).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "streamtrain"
+
+
+def _pom_text() -> bytes:
+    return files("infra").joinpath("pom.xml").read_bytes()
+
+
+def kafka_lib_dir() -> Path:
+    digest = hashlib.sha256(_pom_text()).hexdigest()[:12]
+    return cache_root() / "kafka" / digest / "lib"
+
+
+def ensure_kafka_jars() -> Path:
+    """Resolve the broker's runtime classpath with Maven once; later calls are free."""
+    lib = kafka_lib_dir()
+    if (lib / ".complete").exists():
+        return lib
+    mvn = require("mvn", _INSTALL_MAVEN)
+    require("java", _INSTALL_JAVA)
+    staging = lib.with_name(f"lib.partial-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    pom = staging.parent / "pom.xml"
+    pom.write_bytes(_pom_text())
+    result = subprocess.run(
+        [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
+         "-DincludeScope=runtime", f"-DoutputDirectory={staging}"],
+        capture_output=True, text=True, check=False,
+    )
+    if result.returncode != 0:
+        raise ServiceStartError(
+            f"Maven could not resolve the Kafka jars (exit {result.returncode}):\n"
+            f"{result.stdout[-3000:]}{result.stderr[-3000:]}"
+        )
+    (staging / ".complete").write_text("ok\n")
+    # rename is atomic: a concurrent resolver either sees a complete dir or none.
+    try:
+        staging.rename(lib)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+    return lib
+
+
+_LOG4J = """\
+status = warn
+appender.file.type = File
+appender.file.name = FILE
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.file.ref = FILE
+logger.kafka.name = kafka
+logger.kafka.level = WARN
+logger.apache.name = org.apache.kafka
+logger.apache.level = WARN
+logger.started.name = kafka.server.KafkaRaftServer
+logger.started.level = INFO
+"""
+
+
+class KafkaBroker(ServerProcess):
+    name = "kafka"
+
+    def __init__(self, data_dir: Path, port: int, controller_port: int) -> None:
+        super().__init__(data_dir)
+        self.port = port
+        self.controller_port = controller_port
+        self.properties = data_dir / "server.properties"
+        self.log4j = data_dir / "log4j2.properties"
+        self.log_dir = data_dir / "logs"
+
+    @property
+    def ports(self) -> tuple[int, ...]:
+        return (self.port, self.controller_port)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _java(self) -> list[str]:
+        java = require("java", _INSTALL_JAVA)
+        return [java, "-cp", f"{ensure_kafka_jars()}/*",
+                f"-Dlog4j2.configurationFile={self.log4j}"]
+
+    def prepare(self) -> None:
+        # Ports may differ from the last run, so the config is rewritten each start;
+        # storage is formatted only once (the meta.properties file marks it).
+        self.properties.write_text(self._server_properties())
+        self.log4j.write_text(_LOG4J.format(log=self.data_dir / "server.log"))
+        if (self.log_dir / "meta.properties").exists():
+            return
+        java = self._java()
+        cluster_id = subprocess.run(
+            [*java, STORAGE_TOOL, "random-uuid"], capture_output=True, text=True, check=True,
+        ).stdout.strip().splitlines()[-1]
+        result = subprocess.run(
+            [*java, STORAGE_TOOL, "format", "-t", cluster_id, "-c", str(self.properties)],
+            capture_output=True, text=True, check=False,
+        )
+        if result.returncode != 0:
+            raise ServiceStartError(f"formatting Kafka storage failed:\n{result.stdout}{result.stderr}")
+
+    def _server_properties(self) -> str:
+        settings = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            # A static voter set needs no --standalone bootstrap and survives restarts as is.
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "log.dirs": str(self.log_dir),
+            "num.partitions": "1",
+            # One node: every internal topic must make do with one replica.
+            "offsets.topic.replication.factor": "1",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            # Fewer internal partitions make the first group/transaction on a fresh broker fast.
+            "offsets.topic.num.partitions": "4",
+            "transaction.state.log.num.partitions": "4",
+            "group.initial.rebalance.delay.ms": "0",
+            # Topics are created on purpose, with the partition count the job asks for.
+            "auto.create.topics.enable": "false",
+        }
+        return "".join(f"{k}={v}\n" for k, v in settings.items())
+
+    def command(self) -> list[str]:
+        java, *classpath = self._java()
+        return [java, *HEAP_OPTS, *classpath, BROKER_MAIN, str(self.properties)]
+
+    def healthy(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                pass
+        except OSError:
+            return False
+        return metadata_ok(self.address)
+
+
+_quiet = logging.getLogger("streamtrain.infra.kafka-probe")
+_quiet.addHandler(logging.NullHandler())
+_quiet.propagate = False
+
+
+def metadata_ok(bootstrap: str, timeout: float = 3.0) -> bool:
+    """A metadata request answered by a broker: the readiness test for any Kafka cluster."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": _quiet})
+    try:
+        md = admin.list_topics(timeout=timeout)
+    except KafkaException:
+        return False
+    return bool(md.brokers)

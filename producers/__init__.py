@@ -1,0 +1,1 @@
+"""Producers: turn raw logs into example records on a topic; they never know training exists."""

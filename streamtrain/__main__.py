@@ -1,0 +1,3 @@
+from streamtrain.cli import main
+
+main()
