@@ -16,7 +16,7 @@ system-deps:
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(PIP_FLAGS) -e '.[test]'
+	$(PY) -m pip install -q $(PIP_FLAGS) --config-settings editable_mode=compat -e '.[test]'
 	touch $@
 
 kafka-jars: $(VENV)/.installed

@@ -1,0 +1,47 @@
+"""Every format that crosses a process boundary in streamtrain, versioned.
+
+A format is a frozen dataclass that validates itself when constructed, and encodes to JSON
+(documents read by people and etcdctl: task records, manifests, dead letters, examples) or
+to a little-endian binary framing (hot paths: examples, gradient deltas, parameters) that
+starts with a 2-byte magic and a u8 version. Decoders are strict and cheap: arrays come back
+as np.frombuffer views, and any malformed input, whether truncated, of an unknown version,
+the wrong type or non-finite, raises one exception, SchemaError, naming the format and
+field, so a long-running process can dead-letter the input and carry on.
+
+Key and topic builders (EtcdKeys, RedisKeys, Topics) live here too: names are formats.
+Byte-by-byte layouts: docs/schemas.md.
+"""
+
+from .checkpoint import CheckpointManifest, FileEntry
+from .cursor import PartitionCursor
+from .deadletter import DeadLetter
+from .errors import SchemaError
+from .example import Example
+from .gradient import DenseSlice, GradientDelta, SparseRows, WireDtype
+from .keys import CONTROLS, TASK_STATES, EtcdKeys, RedisKeys, Topics, validate_job_name
+from .params import ParamBlock, decode_rows, encode_rows
+from .task import TaskId, TaskRecord
+
+__all__ = [
+    "CONTROLS",
+    "TASK_STATES",
+    "CheckpointManifest",
+    "DeadLetter",
+    "DenseSlice",
+    "EtcdKeys",
+    "Example",
+    "FileEntry",
+    "GradientDelta",
+    "ParamBlock",
+    "PartitionCursor",
+    "RedisKeys",
+    "SchemaError",
+    "SparseRows",
+    "TaskId",
+    "TaskRecord",
+    "Topics",
+    "WireDtype",
+    "decode_rows",
+    "encode_rows",
+    "validate_job_name",
+]

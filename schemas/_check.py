@@ -1,0 +1,135 @@
+"""Validation shared by every format: one Check per format turns a bad value into SchemaError."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import SchemaError
+
+U16_MAX = 2**16 - 1
+U32_MAX = 2**32 - 1
+U64_MAX = 2**64 - 1
+# Kafka offsets and timestamps are signed 64-bit on the broker.
+I64_MAX = 2**63 - 1
+# Field, parameter and table names travel behind a u8 length prefix.
+NAME_MAX_BYTES = 255
+
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+# A job name prefixes Kafka topics, etcd keys and Redis keys, so it takes the strictest rules.
+_JOB = re.compile(r"[A-Za-z0-9._-]{1,100}")
+# Checkpoint ids become etcd key segments (checkpoints/<id>/...) and directory names.
+_CHECKPOINT_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+@dataclass(frozen=True)
+class Check:
+    format: str
+    version: int | None = None
+
+    def error(self, field: str, reason: str) -> SchemaError:
+        return SchemaError(self.format, field, reason, self.version)
+
+    def integer(self, field: str, value: object, lo: int = 0, hi: int = I64_MAX) -> int:
+        # bool is an int subclass; a True offset is always a bug upstream.
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise self.error(field, f"expected an integer, got {type(value).__name__}")
+        value = int(value)
+        if not lo <= value <= hi:
+            raise self.error(field, f"{value} is out of range [{lo}, {hi}]")
+        return value
+
+    def number(self, field: str, value: object) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise self.error(field, f"expected a number, got {type(value).__name__}")
+        try:
+            value = float(value)
+        except OverflowError as exc:  # a JSON integer too large for a double
+            raise self.error(field, "number too large") from exc
+        if not math.isfinite(value):
+            raise self.error(field, f"{_nonfinite_word(value)} not allowed")
+        return value
+
+    def text(self, field: str, value: object, max_bytes: int = U16_MAX) -> str:
+        """A non-empty string that encodes to at most ``max_bytes`` of UTF-8."""
+        if not isinstance(value, str):
+            raise self.error(field, f"expected a string, got {type(value).__name__}")
+        if not value:
+            raise self.error(field, "must not be empty")
+        size = len(utf8(self, field, value))
+        if size > max_bytes:
+            raise self.error(field, f"{size} bytes of UTF-8, at most {max_bytes} allowed")
+        return value
+
+    def name(self, field: str, value: object) -> str:
+        return self.text(field, value, NAME_MAX_BYTES)
+
+    def optional_text(self, field: str, value: object) -> str | None:
+        return None if value is None else self.text(field, value)
+
+    def topic(self, field: str, value: object) -> str:
+        if not isinstance(value, str) or not _TOPIC.fullmatch(value) or value in (".", ".."):
+            raise self.error(field, f"{value!r} is not a Kafka topic name ([A-Za-z0-9._-]{{1,249}})")
+        return value
+
+    def job(self, field: str, value: object) -> str:
+        if not isinstance(value, str) or not _JOB.fullmatch(value) or value in (".", ".."):
+            raise self.error(field, f"{value!r} is not a job name ([A-Za-z0-9._-]{{1,100}}, not '.' or '..')")
+        return value
+
+    def checkpoint_id(self, field: str, value: object) -> str:
+        # "latest" would collide with the checkpoints/latest pointer key.
+        if not isinstance(value, str) or not _CHECKPOINT_ID.fullmatch(value) or value in (".", "..", "latest"):
+            raise self.error(field, f"{value!r} is not a checkpoint id ([A-Za-z0-9._-]{{1,128}}, not '.', '..', 'latest')")
+        return value
+
+    def finite(self, field: str, values: np.ndarray, per_element: bool = False) -> None:
+        """Vectorised: one pass of np.isfinite; the slow path only runs to word the error.
+
+        per_element names the element in the field (``dense[3]``) rather than in the reason.
+        """
+        finite = np.isfinite(values)
+        if finite.all():
+            return
+        where = np.unravel_index(int(np.argmin(finite)), values.shape)
+        word = _nonfinite_word(float(values[where]))
+        at = "][".join(str(int(i)) for i in where)
+        if per_element:
+            raise self.error(f"{field}[{at}]", f"{word} not allowed")
+        raise self.error(field, f"{word} not allowed (at [{at}])")
+
+    def float_array(self, field: str, values: object, ndim: int) -> np.ndarray:
+        """Any floating array of the right rank, as C-contiguous float32 (no copy if it already is)."""
+        if not isinstance(values, np.ndarray):
+            raise self.error(field, f"expected a numpy array, got {type(values).__name__}")
+        if values.dtype.kind != "f":
+            raise self.error(field, f"expected a floating-point array, got dtype {values.dtype}")
+        if values.ndim != ndim:
+            raise self.error(field, f"expected {ndim}-D, got shape {values.shape}")
+        # Check before narrowing so a float64 NaN is reported as such, then again after:
+        # a finite float64 above 3.4e38 becomes inf in float32.
+        self.finite(field, values)
+        with np.errstate(over="ignore"):
+            narrowed = np.ascontiguousarray(values, dtype=np.float32)
+        if narrowed is not values:
+            self.finite(field, narrowed)
+        return narrowed
+
+
+def utf8(check: Check, field: str, value: str) -> bytes:
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError as exc:  # lone surrogates, e.g. from os.fsdecode
+        raise check.error(field, f"not encodable as UTF-8: {exc.reason}") from exc
+
+
+def _nonfinite_word(value: float) -> str:
+    return "NaN" if math.isnan(value) else "inf"
+
+
+def nested(err: SchemaError, check: Check, prefix: str) -> SchemaError:
+    """Re-home an error raised by a part (a DenseSlice, a FileEntry) under its place in the whole."""
+    return check.error(f"{prefix}.{err.field}", err.reason)

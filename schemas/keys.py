@@ -1,0 +1,194 @@
+"""Names every process must agree on: etcd keys, Redis keys and Kafka topics of one job."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from ._check import U32_MAX, U64_MAX, Check
+
+TaskState = Literal["todo", "pending", "done", "failed"]
+Control = Literal["pause", "refetch"]
+TASK_STATES: tuple[TaskState, ...] = ("todo", "pending", "done", "failed")
+CONTROLS: tuple[Control, ...] = ("pause", "refetch")
+
+_job_check = Check("Job")
+_etcd_check = Check("EtcdKeys")
+_redis_check = Check("RedisKeys")
+_topic_check = Check("Topics")
+# Loose on purpose (trainer ids are often host-pid-uuid); only what would break the key layout.
+_SEGMENT_MAX = 1024
+
+
+def validate_job_name(name: str) -> str:
+    """Return ``name`` if it can prefix Kafka topics and etcd and Redis keys.
+
+    Raises: SchemaError (field ``job.name``) unless it is ``[A-Za-z0-9._-]{1,100}``.
+    """
+    return _job_check.job("job.name", name)
+
+
+@dataclass(frozen=True)
+class EtcdKeys:
+    """The keys under ``/streamtrain/<job>/``; ``*_prefix`` and ``tasks()`` end in '/' for range reads.
+
+    Raises: SchemaError for a bad job name, or for a key part that would change the layout.
+    """
+
+    job: str
+
+    def __post_init__(self) -> None:
+        validate_job_name(self.job)
+
+    @property
+    def prefix(self) -> str:
+        return f"/streamtrain/{self.job}/"
+
+    @property
+    def master_lock(self) -> str:
+        return f"{self.prefix}master/lock"
+
+    @property
+    def config(self) -> str:
+        return f"{self.prefix}config"
+
+    @property
+    def state(self) -> str:
+        """``{"state": "running" | "finished"}``: a bounded job is finished after its last pass."""
+        return f"{self.prefix}state"
+
+    @property
+    def ps_desired(self) -> str:
+        return f"{self.prefix}ps_desired"
+
+    @property
+    def ps_prefix(self) -> str:
+        return f"{self.prefix}ps/"
+
+    def ps(self, index: int) -> str:
+        return f"{self.ps_prefix}{_etcd_check.integer('ps.index', index, hi=U32_MAX)}"
+
+    @property
+    def trainers_prefix(self) -> str:
+        return f"{self.prefix}trainers/"
+
+    def trainer(self, trainer_id: str) -> str:
+        return f"{self.trainers_prefix}{_segment('trainer_id', trainer_id)}"
+
+    @property
+    def cursors_prefix(self) -> str:
+        return f"{self.prefix}cursor/"
+
+    def cursor(self, topic: str, partition: int) -> str:
+        topic = _etcd_check.topic("cursor.topic", topic)
+        partition = _etcd_check.integer("cursor.partition", partition, hi=2**31 - 1)
+        return f"{self.cursors_prefix}{topic}/{partition}"
+
+    def tasks(self, state: TaskState) -> str:
+        if state not in TASK_STATES:
+            raise _etcd_check.error("tasks.state", f"{state!r} is not one of {TASK_STATES}")
+        return f"{self.prefix}tasks/{state}/"
+
+    def task(self, state: TaskState, task_id: str) -> str:
+        return f"{self.tasks(state)}{_segment('task_id', task_id)}"
+
+    @property
+    def slots(self) -> str:
+        return f"{self.prefix}slots"
+
+    @property
+    def checkpoints_latest(self) -> str:
+        return f"{self.prefix}checkpoints/latest"
+
+    def checkpoint(self, checkpoint_id: str) -> str:
+        """The prefix under which one checkpoint's per-shard entries live."""
+        return f"{self.prefix}checkpoints/{_etcd_check.checkpoint_id('checkpoint_id', checkpoint_id)}/"
+
+    def checkpoint_shard(self, checkpoint_id: str, shard: int) -> str:
+        return f"{self.checkpoint(checkpoint_id)}{_etcd_check.integer('shard', shard, hi=U32_MAX)}"
+
+    def control(self, name: Control) -> str:
+        if name not in CONTROLS:
+            raise _etcd_check.error("control.name", f"{name!r} is not one of {CONTROLS}")
+        return f"{self.prefix}control/{name}"
+
+
+@dataclass(frozen=True)
+class RedisKeys:
+    """The keys under ``st:<job>:``. Ids and blocks are decimal and always last, so a param or
+    table name containing ':' still splits unambiguously from the right.
+
+    Raises: SchemaError for a bad job name, or an empty name or out-of-range id.
+    """
+
+    job: str
+
+    def __post_init__(self) -> None:
+        validate_job_name(self.job)
+
+    @property
+    def prefix(self) -> str:
+        return f"st:{self.job}:"
+
+    def dense(self, param: str, block: int) -> str:
+        param = _redis_check.name("param", param)
+        return f"{self.prefix}dense:{param}:{_redis_check.integer('block', block, hi=U32_MAX)}"
+
+    def row(self, table: str, row_id: int) -> str:
+        return f"{self._row_prefix(table)}{_redis_check.integer('id', row_id, hi=U64_MAX)}"
+
+    def rows(self, table: str, ids: np.ndarray) -> list[str]:
+        """``row(table, id)`` for each id, in order; validated as one array, formatted in C loops."""
+        if not isinstance(ids, np.ndarray) or ids.dtype.kind not in "iu" or ids.ndim != 1:
+            raise _redis_check.error("ids", "expected a 1-D integer numpy array")
+        if ids.dtype.kind == "i" and ids.size and ids.min() < 0:
+            raise _redis_check.error(f"ids[{int(np.argmax(ids < 0))}]", "negative id")
+        return list(map(self._row_prefix(table).__add__, map(str, ids.tolist())))
+
+    def version(self, shard: int) -> str:
+        return f"{self.prefix}version:{_redis_check.integer('shard', shard, hi=U32_MAX)}"
+
+    def _row_prefix(self, table: str) -> str:
+        return f"{self.prefix}row:{_redis_check.name('table', table)}:"
+
+
+@dataclass(frozen=True)
+class Topics:
+    """The job's own Kafka topics (input topics are named in the job file)."""
+
+    job: str
+
+    def __post_init__(self) -> None:
+        validate_job_name(self.job)
+
+    @property
+    def examples(self) -> str:
+        return f"{self.job}.examples"
+
+    def grad(self, shard: int) -> str:
+        """One partition per shard topic: the total order pservers replay in."""
+        return f"{self.job}.grad.{_topic_check.integer('shard', shard, hi=U32_MAX)}"
+
+    @property
+    def dlq(self) -> str:
+        return f"{self.job}.dlq"
+
+    @property
+    def metrics(self) -> str:
+        return f"{self.job}.metrics"
+
+
+def _segment(field: str, value: object) -> str:
+    """One etcd key segment: a '/' or whitespace inside would move the key elsewhere."""
+    if (
+        not isinstance(value, str)
+        or not value
+        or len(value) > _SEGMENT_MAX
+        or "/" in value
+        or not value.isprintable()
+        or any(c.isspace() for c in value)
+    ):
+        raise _etcd_check.error(field, f"{value!r} is not a key segment (printable, no '/' or spaces)")
+    return value

@@ -1,0 +1,128 @@
+"""The master's pure decisions: cutting, folding, retrying, passes."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from master import plan
+from schemas import PartitionCursor, TaskRecord
+
+
+def live(next_: int = 0, trained: int = 0) -> PartitionCursor:
+    return PartitionCursor("clicks", 0, next_, trained, 0)
+
+
+def test_cut_makes_full_tasks_and_holds_the_partial_head_until_linger_is_due() -> None:
+    tasks, cursor = plan.cut(live(), end=2500, max_records=1000, linger_due=False, budget=10)
+    assert [(t.start, t.end) for t in tasks] == [(0, 1000), (1000, 2000)]
+    assert cursor.next == 2000
+    tasks, cursor = plan.cut(cursor, end=2500, max_records=1000, linger_due=True, budget=10)
+    assert [(t.start, t.end) for t in tasks] == [(2000, 2500)]
+    assert cursor.next == 2500
+
+
+def test_cut_respects_the_budget_so_a_backlog_stays_in_kafka() -> None:
+    tasks, cursor = plan.cut(live(), end=10_000, max_records=100, linger_due=True, budget=3)
+    assert len(tasks) == 3 and cursor.next == 300
+
+
+def test_bounded_input_cuts_its_last_partial_task_without_lingering_and_never_passes_stop() -> None:
+    bounded = PartitionCursor.fresh("clicks", 2, origin=10, stop=2510)
+    tasks, cursor = plan.cut(bounded, end=9_999, max_records=1000, linger_due=False, budget=10)
+    assert [(t.start, t.end) for t in tasks] == [(10, 1010), (1010, 2010), (2010, 2510)]
+    assert cursor.next == 2510
+    assert plan.cut(cursor, end=9_999, max_records=1000, linger_due=True, budget=10)[0] == []
+
+
+def test_task_ids_carry_the_pass_from_the_second_pass_on() -> None:
+    second = PartitionCursor("clicks", 0, 0, 0, 0, stop=5, pass_no=1)
+    tasks, _ = plan.cut(second, end=5, max_records=10, linger_due=False, budget=1)
+    assert tasks[0].task_id == "clicks:0:00000000000000000000:1"
+
+
+def test_fold_advances_over_contiguous_resolved_tasks_and_stops_at_a_gap() -> None:
+    done = [TaskRecord.for_range("clicks", 0, s, s + 10) for s in (0, 10, 30)]
+    cursor, folded = plan.fold(live(next_=40), done)
+    assert cursor.trained == 20
+    assert [t.start for t in folded] == [0, 10]
+
+
+def test_fold_ignores_other_passes_and_ranges_below_the_watermark() -> None:
+    cursor = live(next_=40, trained=20)
+    stale = [TaskRecord.for_range("clicks", 0, 0, 10), TaskRecord.for_range("clicks", 0, 20, 30, pass_no=1)]
+    assert plan.fold(cursor, stale) == (cursor, [])
+
+
+def test_fold_limit_bounds_the_transaction() -> None:
+    done = [TaskRecord.for_range("clicks", 0, s, s + 1) for s in range(500)]
+    cursor, folded = plan.fold(live(next_=500), done, limit=119)
+    assert len(folded) == 119 and cursor.trained == 119
+
+
+def test_retry_requeues_with_attempt_plus_one_until_max_attempts_then_fails_with_reason() -> None:
+    task = TaskRecord.for_range("clicks", 0, 0, 10)
+    state, task = plan.retry_or_fail(task, 3, "timed out")
+    assert (state, task.attempt, task.trainer_id) == ("todo", 1, None)
+    state, task = plan.retry_or_fail(task, 3, "timed out")
+    assert (state, task.attempt) == ("todo", 2)
+    state, task = plan.retry_or_fail(task, 3, "timed out")
+    assert state == "failed"
+    assert task.reason == "timed out (attempt 3 of 3)"
+
+
+def test_next_pass_waits_for_every_partition_and_open_task_then_restarts_at_origin() -> None:
+    a = PartitionCursor("t", 0, 100, 100, 0, stop=100)
+    b = PartitionCursor("t", 1, 50, 40, 0, stop=50)
+    assert plan.next_pass([a, b], 3, open_passes=set()) == ("running", [])
+    b = PartitionCursor("t", 1, 50, 50, 0, stop=50)
+    assert plan.next_pass([a, b], 3, open_passes={0}) == ("running", [])
+    decision, moved = plan.next_pass([a, b], 3, open_passes={1})
+    assert decision == "advance"
+    assert [(c.next, c.trained, c.pass_no) for c in moved] == [(0, 0, 1), (0, 0, 1)]
+
+
+def test_next_pass_is_idempotent_after_a_partial_advance_and_finishes_after_the_last_pass() -> None:
+    moved_already = PartitionCursor("t", 0, 30, 10, 0, stop=100, pass_no=1)
+    left_behind = PartitionCursor("t", 1, 50, 50, 0, stop=50, pass_no=0)
+    decision, moved = plan.next_pass([moved_already, left_behind], 3, open_passes={1})
+    assert decision == "advance" and [c.partition for c in moved] == [1]
+    last = [PartitionCursor("t", 0, 100, 100, 0, stop=100, pass_no=2)]
+    assert plan.next_pass(last, 3, open_passes=set()) == ("finished", [])
+
+
+def test_live_stream_never_changes_pass() -> None:
+    assert plan.next_pass([live(10, 10)], 3, open_passes=set()) == ("running", [])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    appends=st.lists(st.integers(0, 500), min_size=1, max_size=30),
+    max_records=st.integers(1, 120),
+    budget=st.integers(1, 20),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_cut_and_fold_cover_every_offset_exactly_once(appends, max_records, budget, seed) -> None:
+    rng = random.Random(seed)
+    cursor, end, outstanding, covered = live(), 0, [], []
+    for grow in appends:
+        end += grow
+        tasks, cursor = plan.cut(cursor, end, max_records, rng.random() < 0.5, budget)
+        outstanding.extend(tasks)
+        covered.extend((t.start, t.end) for t in tasks)
+        rng.shuffle(outstanding)
+        finished, outstanding = outstanding[: len(outstanding) // 2], outstanding[len(outstanding) // 2:]
+        cursor, folded = plan.fold(cursor, finished + outstanding[:0])
+        outstanding.extend(t for t in finished if t not in folded)
+    while cursor.next < end:
+        tasks, cursor = plan.cut(cursor, end, max_records, True, budget)
+        outstanding.extend(tasks)
+        covered.extend((t.start, t.end) for t in tasks)
+    cursor, _ = plan.fold(cursor, outstanding)
+    assert cursor.trained == end
+    covered.sort()
+    assert all(a[1] == b[0] for a, b in zip(covered, covered[1:]))
+    assert (covered[0][0] if covered else 0) == 0 and (covered[-1][1] if covered else 0) == end
+    assert all(0 < e - s <= max_records for s, e in covered)

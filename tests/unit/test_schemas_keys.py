@@ -1,0 +1,124 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schemas import CONTROLS, TASK_STATES, EtcdKeys, RedisKeys, SchemaError, Topics, validate_job_name
+
+FAST = settings(max_examples=80, deadline=None)
+job_names = st.from_regex(r"[A-Za-z0-9._-]{1,100}", fullmatch=True).filter(lambda s: s not in (".", ".."))
+
+
+def raises_naming(format, field, fn, *args):
+    with pytest.raises(SchemaError) as info:
+        fn(*args)
+    assert (info.value.format, info.value.field) == (format, field)
+    assert f"'{field}'" in str(info.value)
+
+
+def test_etcd_keys_follow_the_design_layout():
+    keys = EtcdKeys("ctr")
+    assert [
+        keys.prefix, keys.master_lock, keys.config, keys.ps_desired, keys.ps_prefix, keys.ps(2),
+        keys.trainers_prefix, keys.trainer("host-1.4242"), keys.cursors_prefix, keys.cursor("clicks", 3),
+        keys.tasks("todo"), keys.task("pending", "clicks:3:00000000000000000100"), keys.slots,
+        keys.checkpoints_latest, keys.checkpoint("c-1"), keys.checkpoint_shard("c-1", 0),
+        keys.control("pause"), keys.control("refetch"),
+    ] == [
+        "/streamtrain/ctr/", "/streamtrain/ctr/master/lock", "/streamtrain/ctr/config",
+        "/streamtrain/ctr/ps_desired", "/streamtrain/ctr/ps/", "/streamtrain/ctr/ps/2",
+        "/streamtrain/ctr/trainers/", "/streamtrain/ctr/trainers/host-1.4242", "/streamtrain/ctr/cursor/",
+        "/streamtrain/ctr/cursor/clicks/3", "/streamtrain/ctr/tasks/todo/",
+        "/streamtrain/ctr/tasks/pending/clicks:3:00000000000000000100", "/streamtrain/ctr/slots",
+        "/streamtrain/ctr/checkpoints/latest", "/streamtrain/ctr/checkpoints/c-1/",
+        "/streamtrain/ctr/checkpoints/c-1/0", "/streamtrain/ctr/control/pause",
+        "/streamtrain/ctr/control/refetch",
+    ]  # fmt: skip
+
+
+def test_every_task_state_has_its_own_prefix():
+    keys = EtcdKeys("ctr")
+    prefixes = [keys.tasks(state) for state in TASK_STATES]
+    assert TASK_STATES == ("todo", "pending", "done", "failed") and CONTROLS == ("pause", "refetch")
+    assert all(not a.startswith(b) for a in prefixes for b in prefixes if a != b)
+
+
+def test_redis_keys_follow_the_design_layout():
+    keys = RedisKeys("ctr")
+    assert keys.dense("fc.weight", 3) == "st:ctr:dense:fc.weight:3"
+    assert keys.row("emb", 2**64 - 1) == "st:ctr:row:emb:18446744073709551615"
+    assert keys.version(1) == "st:ctr:version:1"
+
+
+@FAST
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=20))
+def test_rows_builds_the_same_keys_as_row(ids):
+    keys = RedisKeys("ctr")
+    assert keys.rows("emb", np.array(ids, dtype=np.uint64)) == [keys.row("emb", i) for i in ids]
+
+
+def test_rows_accepts_signed_ids_and_refuses_negative_ones():
+    keys = RedisKeys("ctr")
+    assert keys.rows("emb", np.array([0, 7], dtype=np.int64)) == ["st:ctr:row:emb:0", "st:ctr:row:emb:7"]
+    raises_naming("RedisKeys", "ids[1]", keys.rows, "emb", np.array([0, -7]))
+    raises_naming("RedisKeys", "ids", keys.rows, "emb", np.array([0.5]))
+    raises_naming("RedisKeys", "ids", keys.rows, "emb", [1, 2])
+
+
+def test_topics_follow_the_design_layout():
+    topics = Topics("ctr")
+    assert (topics.examples, topics.grad(0), topics.dlq, topics.metrics) == ("ctr.examples", "ctr.grad.0", "ctr.dlq", "ctr.metrics")
+
+
+@FAST
+@given(job_names)
+def test_valid_job_names_are_accepted_everywhere(name):
+    assert validate_job_name(name) == name
+    assert EtcdKeys(name).prefix == f"/streamtrain/{name}/"
+    assert RedisKeys(name).prefix == f"st:{name}:"
+    assert len(Topics(name).grad(2**32 - 1)) <= 249
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "a b", "a/b", "a:b", "ü", "x" * 101, None, 5, "ctr\n"])
+def test_bad_job_names_raise_schema_error_naming_job_name(name):
+    raises_naming("Job", "job.name", validate_job_name, name)
+    for keys in (EtcdKeys, RedisKeys, Topics):
+        raises_naming("Job", "job.name", keys, name)
+
+
+@pytest.mark.parametrize(
+    "call, field",
+    [
+        (lambda k: k.tasks("running"), "tasks.state"),
+        (lambda k: k.task("todo", "a/b"), "task_id"),
+        (lambda k: k.task("todo", ""), "task_id"),
+        (lambda k: k.control("stop"), "control.name"),
+        (lambda k: k.trainer("a b"), "trainer_id"),
+        (lambda k: k.trainer("a/b"), "trainer_id"),
+        (lambda k: k.ps(-1), "ps.index"),
+        (lambda k: k.cursor("a/b", 0), "cursor.topic"),
+        (lambda k: k.cursor("clicks", -1), "cursor.partition"),
+        (lambda k: k.checkpoint("latest"), "checkpoint_id"),
+        (lambda k: k.checkpoint("a/b"), "checkpoint_id"),
+    ],
+)
+def test_bad_etcd_key_parts_raise_schema_error(call, field):
+    raises_naming("EtcdKeys", field, call, EtcdKeys("ctr"))
+
+
+@pytest.mark.parametrize(
+    "call, field",
+    [
+        (lambda k: k.dense("", 0), "param"),
+        (lambda k: k.dense("w", -1), "block"),
+        (lambda k: k.row("emb", 2**64), "id"),
+        (lambda k: k.row("", 1), "table"),
+        (lambda k: k.version(True), "shard"),
+    ],
+)
+def test_bad_redis_key_parts_raise_schema_error(call, field):
+    raises_naming("RedisKeys", field, call, RedisKeys("ctr"))
+
+
+def test_bad_grad_shard_raises_schema_error():
+    raises_naming("Topics", "shard", Topics("ctr").grad, -1)
