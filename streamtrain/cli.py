@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
+import signal
+import threading
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -10,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from infra import InfraError, LocalServices, Ports
+from infra import Endpoints, InfraError, LocalServices, Ports
 from infra.endpoints import state_home
 
 app = typer.Typer(
@@ -90,6 +93,102 @@ def demo(
     from streamtrain.demo import run_demo
 
     run_demo(_services(home), console, keep_running=keep)
+
+
+job_app = typer.Typer(help="Inspect and run jobs.", no_args_is_help=True)
+app.add_typer(job_app, name="job")
+
+JobOpt = Annotated[str, typer.Option("--job", help="Job file (TOML), or the name of a running job.")]
+
+
+def _setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
+    )
+
+
+def _job_name(job: str) -> str:
+    path = Path(job)
+    if path.suffix == ".toml" or path.exists():
+        return _load_config(path).name
+    return job
+
+
+def _load_config(path: Path) -> "JobConfig":
+    from master.config import JobConfig, JobConfigError
+
+    try:
+        return JobConfig.load(path)
+    except JobConfigError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+
+
+@app.command("master")
+def master_cmd(
+    job: Annotated[Path, typer.Option("--job", help="Job file (TOML).")],
+    identity: Annotated[Optional[str], typer.Option(help="Name in the lock (default host:pid).")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Run the job's master: waits as standby until it holds the lock, then slices and
+    dispatches. Exits 3 when it loses the lock (a supervisor restarts it as a standby)."""
+    from master.errors import MasterError, NotLeaderError
+    from master.etcd import Etcd
+    from master.service import Master
+
+    _setup_logging(verbose)
+    config = _load_config(job)
+    endpoints = Endpoints.resolve()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    etcd = Etcd.connect(endpoints)
+    try:
+        Master(etcd, endpoints, config, identity).run(stop)
+    except NotLeaderError as exc:
+        logging.getLogger("streamtrain.master").error("%s", exc)
+        raise typer.Exit(3) from exc
+    except MasterError as exc:
+        logging.getLogger("streamtrain.master").error("%s", exc)
+        raise typer.Exit(1) from exc
+    finally:
+        etcd.close()
+
+
+@job_app.command("status")
+def job_status_cmd(
+    job: JobOpt,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the status as JSON.")] = False,
+) -> None:
+    """Queue sizes, cursors against end offsets (lag), members, failed tasks with reasons."""
+    from master.etcd import Etcd
+    from master.offsets import InputOffsets
+    from master.status import job_status
+
+    endpoints = Endpoints.resolve()
+    etcd = Etcd.connect(endpoints)
+    try:
+        status = job_status(etcd, InputOffsets(endpoints), _job_name(job))
+    finally:
+        etcd.close()
+    if as_json:
+        print(json.dumps(status.as_dict(), indent=2))
+        return
+    leader = status.leader["master"] if status.leader else "[red]none[/red]"
+    console.print(f"job [bold]{status.job}[/bold]  state {status.state}  leader {leader}")
+    console.print("tasks  " + "  ".join(f"{k} {v}" for k, v in status.queues.items()))
+    table = Table("partition", "pass", "sliced to", "trained to", "end", "lag")
+    for p in status.partitions:
+        table.add_row(f"{p.topic}:{p.partition}", str(p.pass_no), str(p.sliced_to),
+                      str(p.trained_to), "?" if p.end is None else str(p.end),
+                      "?" if p.lag is None else str(p.lag))
+    console.print(table)
+    console.print(f"trainers {len(status.members.trainers)}: {', '.join(sorted(status.members.trainers)) or '-'}")
+    console.print(f"pservers {len(status.members.pservers)}: "
+                  f"{', '.join(str(i) for i in sorted(status.members.pservers)) or '-'}")
+    for task in status.failed:
+        console.print(f"[red]failed[/red] {task.task_id} [{task.start}, {task.end}): {task.reason}")
 
 
 def main() -> None:

@@ -1,0 +1,23 @@
+"""Errors of the master and of its clients (trainers, pservers). Callers never catch etcd's."""
+
+
+class MasterError(RuntimeError):
+    """Root of every master/ error."""
+
+
+class CoordinationError(MasterError):
+    """etcd could not be reached or refused a request (translated from the client library)."""
+
+
+class NotLeaderError(MasterError):
+    """A fenced write found the lock held by someone else: this master must stop writing and
+    exit; a standby has taken over."""
+
+
+class TaskLostError(MasterError):
+    """The task is no longer held by this attempt (it timed out and was requeued, or completed
+    by another attempt); the caller must drop it without completing."""
+
+
+class NoFreeIndexError(MasterError):
+    """Every pserver index below ps_desired is taken."""

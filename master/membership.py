@@ -1,0 +1,66 @@
+"""Who is in the job: trainers and pserver shards, each a key held by its own lease.
+
+A pserver takes the first free index below `ps_desired` by transaction (the seeds' scheme):
+two shards starting at once can never both get index 0, and a restarted shard gets its index
+back as soon as its old lease has expired.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+
+from master.errors import NoFreeIndexError
+from master.etcd import Etcd, Lease, absent, put_op
+from schemas import EtcdKeys
+
+
+def _member_info(extra: dict[str, object]) -> bytes:
+    return json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                       "since": time.time(), **extra}).encode()
+
+
+def register_trainer(etcd: Etcd, job: str, trainer_id: str, ttl_s: int = 10) -> Lease:
+    """Announce a trainer; the key lives as long as the returned (kept-alive) lease."""
+    lease = etcd.lease(ttl_s).keep_alive()
+    etcd.put(EtcdKeys(job).trainer(trainer_id), _member_info({"trainer": trainer_id}), lease)
+    return lease
+
+
+def register_pserver(etcd: Etcd, job: str, address: str, ttl_s: int = 10,
+                     wait_s: float = 0.0) -> tuple[int, Lease]:
+    """Take the first free pserver index below ps_desired. Waits up to `wait_s` for one to
+    free up (a restarted shard whose old lease has not expired yet)."""
+    keys = EtcdKeys(job)
+    deadline = time.monotonic() + wait_s
+    while True:
+        desired_entry = etcd.get(keys.ps_desired)
+        desired = int(desired_entry.value) if desired_entry else 0
+        lease = etcd.lease(ttl_s)
+        for index in range(desired):
+            ok, _ = etcd.txn([absent(keys.ps(index))],
+                             [put_op(keys.ps(index), _member_info({"index": index, "address": address}), lease)])
+            if ok:
+                return index, lease.keep_alive()
+        lease.revoke()
+        if time.monotonic() >= deadline:
+            raise NoFreeIndexError(f"all {desired} pserver indexes of job {job!r} are taken")
+        time.sleep(0.5)
+
+
+@dataclass(frozen=True)
+class Members:
+    trainers: dict[str, dict] = field(default_factory=dict)
+    pservers: dict[int, dict] = field(default_factory=dict)
+
+
+def members(etcd: Etcd, job: str) -> Members:
+    keys = EtcdKeys(job)
+    trainers, pservers = etcd.ranges([keys.trainers_prefix, keys.ps_prefix])
+    return Members(
+        trainers={e.key.rsplit("/", 1)[1]: json.loads(e.value) for e in trainers},
+        pservers={int(e.key.rsplit("/", 1)[1]): json.loads(e.value) for e in pservers},
+    )

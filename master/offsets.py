@@ -1,0 +1,70 @@
+"""What the input topics hold: their partitions and each partition's offset bounds.
+
+The end a task may reach is the *last stable offset* (read_committed): beyond it lie records
+of transactions still open, which a trainer could not read yet.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from infra import Endpoints
+from master.errors import MasterError
+
+_quiet = logging.getLogger("streamtrain.kafka-admin")
+
+Partition = tuple[str, int]
+
+
+class InputUnavailableError(MasterError):
+    """An input topic is missing or its partitions did not answer; the master retries."""
+
+
+@dataclass(frozen=True)
+class Bounds:
+    earliest: int
+    stable_end: int
+
+
+class InputOffsets:
+    def __init__(self, endpoints: Endpoints, timeout_s: float = 5.0) -> None:
+        self._admin = AdminClient({"bootstrap.servers": endpoints.kafka, "logger": _quiet})
+        self._timeout = timeout_s
+
+    def partitions(self, topics: Iterable[str]) -> list[Partition]:
+        """Every partition of the topics, partitions added since the last call included."""
+        found: list[Partition] = []
+        try:
+            metadata = self._admin.list_topics(timeout=self._timeout)
+        except KafkaException as exc:
+            raise InputUnavailableError(f"Kafka metadata request failed: {exc}") from exc
+        for topic in topics:
+            meta = metadata.topics.get(topic)
+            if meta is None or meta.error is not None:
+                raise InputUnavailableError(f"input topic {topic!r} does not exist "
+                                            f"({meta.error if meta else 'not in metadata'})")
+            found.extend((topic, p) for p in sorted(meta.partitions))
+        return found
+
+    def bounds(self, partitions: Iterable[Partition], earliest: bool = True) -> dict[Partition, Bounds]:
+        """Earliest offset and last stable offset per partition, in two batched requests."""
+        parts = list(partitions)
+        if not parts:
+            return {}
+        ends = self._query(parts, OffsetSpec.latest())
+        starts = self._query(parts, OffsetSpec.earliest()) if earliest else dict.fromkeys(parts, 0)
+        return {p: Bounds(starts[p], ends[p]) for p in parts}
+
+    def _query(self, parts: list[Partition], spec: OffsetSpec) -> dict[Partition, int]:
+        request = {TopicPartition(t, p): spec for t, p in parts}
+        try:
+            futures = self._admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED,
+                                               request_timeout=self._timeout)
+            return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+        except KafkaException as exc:
+            raise InputUnavailableError(f"listing offsets failed: {exc}") from exc

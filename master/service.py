@@ -1,0 +1,317 @@
+"""The master process: slices input partitions into tasks, expires and folds them, advances
+passes, watches membership. Stateless: everything it needs is in etcd, so a standby that
+takes the lock continues exactly where the last leader's last committed transaction left off.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from pyetcd import transactions as tx
+
+from infra import Endpoints
+from master import plan
+from master.config import JobConfig
+from master.errors import NotLeaderError
+from master.etcd import MAX_TXN_OPS, Entry, Etcd, Op, delete_op, mod_revision_is, put_op
+from master.leader import LeaderLock
+from master.offsets import InputOffsets, InputUnavailableError, Partition
+from schemas import EtcdKeys, PartitionCursor, SchemaError, TaskRecord
+
+log = logging.getLogger(__name__)
+
+PARTITION_SCAN_S = 1.0
+
+
+@dataclass
+class _Observed:
+    """A pending task as this master last saw it; its deadline runs on this master's clock,
+    restarted by every write to the key (claim, heartbeat), so trainers' clocks never matter."""
+
+    mod_revision: int
+    deadline: float
+
+
+class Master:
+    def __init__(self, etcd: Etcd, endpoints: Endpoints, config: JobConfig,
+                 identity: str | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.etcd = etcd
+        self.config = config
+        self.keys = EtcdKeys(config.name)
+        self.identity = identity or f"{socket.gethostname()}:{os.getpid()}"
+        self.lock = LeaderLock(
+            etcd, self.keys.master_lock, config.master.lock_ttl_s,
+            json.dumps({"master": self.identity, "pid": os.getpid()}).encode(),
+        )
+        self.offsets = InputOffsets(endpoints)
+        self.clock = clock
+        self.cursors: dict[Partition, PartitionCursor] = {}
+        self.finished = False
+        self._observed: dict[str, _Observed] = {}
+        self._head_since: dict[Partition, tuple[int, float]] = {}
+        self._partitions: list[Partition] = []
+        self._partitions_at = float("-inf")
+        self._members: dict[str, set[str]] = {"trainers": set(), "ps": set()}
+        self._ignored: set[Partition] = set()
+
+    # -- life cycle ----------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        """Wait as standby, lead until `stop`; raises NotLeaderError if the lock is lost."""
+        if not self.lock.acquire(stop):
+            return
+        try:
+            self._publish_config()
+            self._load()
+            while not stop.is_set():
+                try:
+                    self.step()
+                except InputUnavailableError as exc:
+                    log.warning("%s; retrying", exc)
+                stop.wait(self.config.master.poll_ms / 1000)
+        finally:
+            self.lock.release()
+
+    def _publish_config(self) -> None:
+        blob = self.config.to_json()
+        current = self.etcd.get(self.keys.config)
+        if current is not None and current.value != blob:
+            log.warning("job config in etcd differs from the job file; the job file wins")
+        self._write([put_op(self.keys.config, blob),
+                     put_op(self.keys.ps_desired, str(self.config.pservers.count).encode())])
+
+    def _load(self) -> None:
+        self.cursors = {}
+        for entry in self.etcd.range(self.keys.cursors_prefix):
+            cursor = PartitionCursor.from_json(entry.value)
+            self.cursors[(cursor.topic, cursor.partition)] = cursor
+        state = self.etcd.get(self.keys.state)
+        self.finished = state is not None and json.loads(state.value).get("state") == "finished"
+        log.info("loaded %d partition cursors", len(self.cursors))
+
+    # -- one round -----------------------------------------------------------------------
+    def step(self) -> None:
+        self.lock.check()
+        now = self.clock()
+        pending, done, failed, trainers, ps = self.etcd.ranges([
+            self.keys.tasks("pending"), self.keys.tasks("done"), self.keys.tasks("failed"),
+            self.keys.trainers_prefix, self.keys.ps_prefix,
+        ])
+        todo = self.etcd.range(self.keys.tasks("todo"), keys_only=True)
+        self._watch_members("trainers", trainers)
+        self._watch_members("ps", ps)
+        self._expire(pending, now)
+        self._fold(done, failed)
+        if self.finished:
+            return
+        self._slice(len(todo), now)
+        if self.config.bounded:
+            self._advance_pass(todo, pending)
+
+    # -- slicing -------------------------------------------------------------------------
+    def _slice(self, todo_count: int, now: float) -> None:
+        if now - self._partitions_at >= PARTITION_SCAN_S:
+            self._partitions = self.offsets.partitions(self.config.input.topics)
+            self._partitions_at = now
+        fresh = [p for p in self._partitions if p not in self.cursors and p not in self._ignored]
+        bounds = self.offsets.bounds(self._partitions, earliest=bool(fresh))
+        started: dict[Partition, PartitionCursor] = {}
+        for p in fresh:
+            if self.config.bounded and self.cursors:
+                # A bounded job trains what existed when it started; a partition added later
+                # is not part of that data set.
+                log.warning("ignoring partition %s:%d added after the bounded job started", *p)
+                self._ignored.add(p)
+                continue
+            b = bounds[p]
+            origin = b.earliest if self.config.input.start_from == "earliest" else b.stable_end
+            started[p] = PartitionCursor.fresh(p[0], p[1], origin,
+                                               b.stable_end if self.config.bounded else None)
+            log.info("following partition %s:%d from offset %d", p[0], p[1], origin)
+
+        budget = self.config.tasks.max_todo - todo_count
+        linger = self.config.tasks.linger_ms / 1000
+        batches: list[tuple[PartitionCursor, list[TaskRecord]]] = []
+        for p, cursor in {**self.cursors, **started}.items():
+            end = bounds[p].stable_end if p in bounds else cursor.next
+            since = self._head_since.get(p)
+            if end > cursor.next and (since is None or since[0] != cursor.next):
+                since = self._head_since[p] = (cursor.next, now)
+            linger_due = since is not None and now - since[1] >= linger
+            tasks, moved = plan.cut(cursor, end, self.config.tasks.max_records, linger_due,
+                                    max(budget, 0))
+            budget -= len(tasks)
+            if tasks or p in started:  # a new partition's cursor is stored even without tasks
+                batches.append((moved, tasks))
+        self._write_tasks(batches)
+
+    def _write_tasks(self, batches: list[tuple[PartitionCursor, list[TaskRecord]]]) -> None:
+        """Tasks and the cursor that covers them go in the same transaction: every offset
+        below a stored cursor belongs to exactly one stored task, across any crash."""
+        ops: list[Op] = []
+        moved: list[PartitionCursor] = []
+        for cursor, tasks in batches:
+            # A partition's cut may span several transactions; each carries its cursor so far.
+            chunk = MAX_TXN_OPS - 1
+            for i in range(0, max(len(tasks), 1), chunk):
+                part = tasks[i:i + chunk]
+                at = cursor if i + chunk >= len(tasks) else PartitionCursor(
+                    cursor.topic, cursor.partition, part[-1].end, cursor.trained, cursor.origin,
+                    cursor.stop, cursor.pass_no)
+                group = [put_op(self.keys.task("todo", t.task_id), t.to_json()) for t in part]
+                group.append(put_op(self.keys.cursor(at.topic, at.partition), at.to_json()))
+                if len(ops) + len(group) > MAX_TXN_OPS:
+                    self._write(ops)
+                    self._commit_cursors(moved)
+                    ops, moved = [], []
+                ops.extend(group)
+                moved.append(at)
+        if ops:
+            self._write(ops)
+            self._commit_cursors(moved)
+
+    def _commit_cursors(self, cursors: Iterable[PartitionCursor]) -> None:
+        for c in cursors:
+            self.cursors[(c.topic, c.partition)] = c
+
+    # -- timeouts ------------------------------------------------------------------------
+    def _expire(self, pending: list[Entry], now: float) -> None:
+        timeout = self.config.tasks.timeout_s
+        alive = set()
+        for entry in pending:
+            alive.add(entry.key)
+            seen = self._observed.get(entry.key)
+            if seen is None or seen.mod_revision != entry.mod_revision:
+                self._observed[entry.key] = _Observed(entry.mod_revision, now + timeout)
+                continue
+            if now < seen.deadline:
+                continue
+            task = self._parse(entry)
+            if task is None:
+                continue
+            state, retried = plan.retry_or_fail(
+                task, self.config.tasks.max_attempts,
+                f"timed out after {timeout:g} s on trainer {task.trainer_id}")
+            applied = self._write_nested(
+                [mod_revision_is(entry.key, entry.mod_revision)],
+                [delete_op(entry.key), put_op(self.keys.task(state, task.task_id), retried.to_json())])
+            if applied:
+                log.warning("task %s %s: %s", task.task_id,
+                            "failed" if state == "failed" else "requeued", retried.reason)
+            del self._observed[entry.key]
+        for key in set(self._observed) - alive:
+            del self._observed[key]
+
+    # -- folding done tasks into the watermark --------------------------------------------
+    def _fold(self, done: list[Entry], failed: list[Entry]) -> None:
+        resolved: dict[Partition, list[TaskRecord]] = defaultdict(list)
+        done_keys: dict[str, str] = {}
+        stale: list[str] = []
+        for entry in done:
+            task = self._parse(entry)
+            if task is None:
+                continue
+            done_keys[task.task_id] = entry.key
+            cursor = self.cursors.get((task.topic, task.partition))
+            if cursor is not None and (task.pass_no != cursor.pass_no or task.end <= cursor.trained):
+                stale.append(entry.key)  # left behind by a crash between fold and delete
+            resolved[(task.topic, task.partition)].append(task)
+        failed_tasks = [(e, t) for e in failed if (t := self._parse(e)) is not None]
+        for _, task in failed_tasks:
+            resolved[(task.topic, task.partition)].append(task)
+
+        ops: list[Op] = [delete_op(k) for k in stale]
+        moved: list[PartitionCursor] = []
+        for p, tasks in resolved.items():
+            cursor = self.cursors.get(p)
+            if cursor is None:
+                continue
+            new, folded = plan.fold(cursor, tasks, limit=MAX_TXN_OPS - 1)
+            if not folded:
+                continue
+            group = [delete_op(done_keys[t.task_id]) for t in folded if t.task_id in done_keys]
+            group.append(put_op(self.keys.cursor(new.topic, new.partition), new.to_json()))
+            if len(ops) + len(group) > MAX_TXN_OPS:
+                self._write(ops)
+                self._commit_cursors(moved)
+                ops, moved = [], []
+            ops.extend(group)
+            moved.append(new)
+        ops.extend(self._trim_failed(failed_tasks))
+        for i in range(0, len(ops), MAX_TXN_OPS):
+            self._write(ops[i:i + MAX_TXN_OPS])
+        self._commit_cursors(moved)
+
+    def _trim_failed(self, failed: list[tuple[Entry, TaskRecord]]) -> list[Op]:
+        """Keep the newest failed records for operators; older ones, once folded, go."""
+        excess = len(failed) - self.config.tasks.max_failed_kept
+        if excess <= 0:
+            return []
+        ops = []
+        for entry, task in sorted(failed, key=lambda et: et[0].create_revision):
+            cursor = self.cursors.get((task.topic, task.partition))
+            if cursor is not None and (task.pass_no != cursor.pass_no or task.end <= cursor.trained):
+                ops.append(delete_op(entry.key))
+                if len(ops) == excess:
+                    break
+        return ops
+
+    # -- passes over bounded input ---------------------------------------------------------
+    def _advance_pass(self, todo: list[Entry], pending: list[Entry]) -> None:
+        open_passes = set()
+        for entry in (*todo, *pending):
+            try:
+                open_passes.add(TaskRecord.parse_id(entry.key.rsplit("/", 1)[1]).pass_no)
+            except SchemaError:
+                continue
+        decision, cursors = plan.next_pass(self.cursors.values(), self.config.input.passes, open_passes)
+        if decision == "finished":
+            self._write([put_op(self.keys.state, json.dumps({"state": "finished"}).encode())])
+            self.finished = True
+            log.info("all %d passes trained; job finished", self.config.input.passes)
+        elif decision == "advance":
+            ops = [put_op(self.keys.cursor(c.topic, c.partition), c.to_json()) for c in cursors]
+            for i in range(0, len(ops), MAX_TXN_OPS):
+                self._write(ops[i:i + MAX_TXN_OPS])
+            self._commit_cursors(cursors)
+            log.info("pass %d begins", cursors[0].pass_no)
+
+    # -- membership ----------------------------------------------------------------------
+    def _watch_members(self, kind: str, entries: list[Entry]) -> None:
+        now = {e.key.rsplit("/", 1)[1] for e in entries}
+        for joined in sorted(now - self._members[kind]):
+            log.info("%s %s joined", kind, joined)
+        for left in sorted(self._members[kind] - now):
+            log.info("%s %s left", kind, left)
+        self._members[kind] = now
+
+    # -- fenced writes -------------------------------------------------------------------
+    def _write(self, ops: list[Op]) -> None:
+        if not ops:
+            return
+        ok, _ = self.etcd.txn([self.lock.fence()], ops)
+        if not ok:
+            raise NotLeaderError(f"{self.keys.master_lock} is no longer ours; stopping")
+
+    def _write_nested(self, compare: list, ops: list[Op]) -> bool:
+        """Fenced on the lock, then conditional on `compare`, in one round trip. Returns whether
+        the inner condition held (False: a trainer got there first)."""
+        ok, responses = self.etcd.txn([self.lock.fence()], [tx.Txn(compare, ops, [])])
+        if not ok:
+            raise NotLeaderError(f"{self.keys.master_lock} is no longer ours; stopping")
+        return responses[0].response_txn.succeeded
+
+    @staticmethod
+    def _parse(entry: Entry) -> TaskRecord | None:
+        try:
+            return TaskRecord.from_json(entry.value)
+        except SchemaError as exc:
+            log.error("unreadable task record at %s: %s", entry.key, exc)
+            return None

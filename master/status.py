@@ -1,0 +1,76 @@
+"""A job's state as an operator sees it: queue sizes, lag per partition, members, failures."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from master.etcd import Etcd
+from master.membership import Members, members
+from master.offsets import InputOffsets, InputUnavailableError
+from schemas import EtcdKeys, PartitionCursor, SchemaError, TaskRecord
+
+STATES = ("todo", "pending", "done", "failed")
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    topic: str
+    partition: int
+    pass_no: int
+    sliced_to: int  # cursor: next offset not yet in a task
+    trained_to: int  # watermark: every offset below is done (or failed)
+    end: int | None  # last stable offset now (None if Kafka did not answer)
+
+    @property
+    def lag(self) -> int | None:
+        return None if self.end is None else self.end - self.trained_to
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    job: str
+    leader: dict | None
+    state: str
+    queues: dict[str, int]
+    partitions: list[PartitionLag]
+    members: Members
+    failed: list[TaskRecord]
+
+    def as_dict(self) -> dict:
+        doc = asdict(self)
+        doc["failed"] = [json.loads(t.to_json()) for t in self.failed]
+        for p, lag in zip(doc["partitions"], self.partitions):
+            p["lag"] = lag.lag
+        return doc
+
+
+def job_status(etcd: Etcd, offsets: InputOffsets | None, job: str) -> JobStatus:
+    keys = EtcdKeys(job)
+    queues = {s: etcd.count(keys.tasks(s)) for s in STATES}
+    cursors = [PartitionCursor.from_json(e.value) for e in etcd.range(keys.cursors_prefix)]
+    ends: dict[tuple[str, int], int] = {}
+    if offsets is not None and cursors:
+        try:
+            bounds = offsets.bounds([(c.topic, c.partition) for c in cursors], earliest=False)
+            ends = {p: b.stable_end for p, b in bounds.items()}
+        except InputUnavailableError:
+            pass
+    failed = []
+    for entry in etcd.range(keys.tasks("failed")):
+        try:
+            failed.append(TaskRecord.from_json(entry.value))
+        except SchemaError:
+            continue
+    leader = etcd.get(keys.master_lock)
+    state = etcd.get(keys.state)
+    return JobStatus(
+        job=job,
+        leader=json.loads(leader.value) if leader else None,
+        state=json.loads(state.value)["state"] if state else "running",
+        queues=queues,
+        partitions=[PartitionLag(c.topic, c.partition, c.pass_no, c.next, c.trained,
+                                 ends.get((c.topic, c.partition))) for c in cursors],
+        members=members(etcd, job),
+        failed=failed,
+    )

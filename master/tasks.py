@@ -1,0 +1,118 @@
+"""The trainers' side of the task queue: claim, heartbeat, complete, fail, release.
+
+Every call is one etcd transaction on the task's keys; none goes through the master, so a
+master restart never stalls training. A claim moves todo → pending if the todo key is still
+the version this trainer saw; every later call compares the pending value to the exact bytes
+this attempt wrote, so an attempt that timed out and was requeued (a zombie) is refused.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, replace
+
+from master import plan
+from master.errors import TaskLostError
+from master.etcd import Entry, Etcd, delete_op, mod_revision_is, put_op, value_is
+from schemas import EtcdKeys, SchemaError, TaskRecord
+
+# Trainers pick at random among the oldest few todo tasks, so that many trainers claiming at
+# once rarely race for the same key, while old tasks still go first.
+_SPREAD = 8
+_CANDIDATES = 64
+
+
+@dataclass(frozen=True)
+class ClaimedTask:
+    """A task this trainer holds; `value` is what it wrote to the pending key."""
+
+    record: TaskRecord
+    value: bytes
+
+    @property
+    def task_id(self) -> str:
+        return self.record.task_id
+
+
+class TaskClient:
+    def __init__(self, etcd: Etcd, job: str, trainer_id: str, timeout_s: float,
+                 max_attempts: int) -> None:
+        self._etcd = etcd
+        self.keys = EtcdKeys(job)
+        self.trainer_id = trainer_id
+        self.timeout_s = timeout_s
+        self.max_attempts = max_attempts
+        self._candidates: list[Entry] = []
+        self._rng = random.Random()
+
+    def claim(self) -> ClaimedTask | None:
+        """The next task, or None when todo is empty."""
+        for _ in range(2 * _SPREAD + 2):
+            if not self._candidates:
+                self._candidates = self._etcd.range(self.keys.tasks("todo"), limit=_CANDIDATES,
+                                                    oldest_first=True)
+                if not self._candidates:
+                    return None
+            entry = self._candidates.pop(self._rng.randrange(min(_SPREAD, len(self._candidates))))
+            try:
+                task = TaskRecord.from_json(entry.value)
+            except SchemaError:
+                continue  # the master moves unreadable records out of the way
+            held = replace(task, trainer_id=self.trainer_id, claim=task.claim + 1,
+                           deadline=time.time() + self.timeout_s)
+            value = held.to_json()
+            ok, _ = self._etcd.txn(
+                [mod_revision_is(entry.key, entry.mod_revision)],
+                [delete_op(entry.key), put_op(self.keys.task("pending", task.task_id), value)],
+            )
+            if ok:
+                return ClaimedTask(held, value)
+        return None
+
+    def heartbeat(self, task: ClaimedTask) -> ClaimedTask:
+        """Restart the task's timeout. Raises TaskLostError if it is no longer ours."""
+        held = replace(task.record, deadline=time.time() + self.timeout_s)
+        value = held.to_json()
+        key = self.keys.task("pending", task.task_id)
+        self._require(self._etcd.txn([value_is(key, task.value)], [put_op(key, value)])[0], task)
+        return ClaimedTask(held, value)
+
+    def complete(self, task: ClaimedTask) -> None:
+        """pending → done. Raises TaskLostError if it is no longer ours."""
+        done = replace(task.record, deadline=None)
+        key = self.keys.task("pending", task.task_id)
+        ok, _ = self._etcd.txn(
+            [value_is(key, task.value)],
+            [delete_op(key), put_op(self.keys.task("done", task.task_id), done.to_json())],
+        )
+        self._require(ok, task)
+
+    def fail(self, task: ClaimedTask, reason: str) -> str:
+        """This attempt failed: back to todo with attempt + 1, or failed after the last
+        attempt. Returns the state it went to. Raises TaskLostError if it is no longer ours."""
+        state, retried = plan.retry_or_fail(task.record, self.max_attempts,
+                                            f"{reason} (trainer {self.trainer_id})")
+        key = self.keys.task("pending", task.task_id)
+        ok, _ = self._etcd.txn(
+            [value_is(key, task.value)],
+            [delete_op(key), put_op(self.keys.task(state, task.task_id), retried.to_json())],
+        )
+        self._require(ok, task)
+        return state
+
+    def release(self, task: ClaimedTask) -> None:
+        """Give the task back untouched (shutting down): same attempt, no failure counted."""
+        back = replace(task.record, trainer_id=None, deadline=None)
+        key = self.keys.task("pending", task.task_id)
+        ok, _ = self._etcd.txn(
+            [value_is(key, task.value)],
+            [delete_op(key), put_op(self.keys.task("todo", task.task_id), back.to_json())],
+        )
+        self._require(ok, task)
+
+    @staticmethod
+    def _require(ok: bool, task: ClaimedTask) -> None:
+        if not ok:
+            raise TaskLostError(f"task {task.task_id} is no longer held by this attempt "
+                                "(it timed out and was requeued, or another attempt finished it)")

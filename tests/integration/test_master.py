@@ -1,0 +1,240 @@
+"""The master against real Kafka and etcd: slicing, queues, timeouts, passes, compaction."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import (FakeTrainer, assert_exact_cover, cursors, job_config, produce, wait_for)
+from master.errors import TaskLostError
+from master.etcd import Etcd
+from master.membership import members, register_pserver, register_trainer
+from master.tasks import TaskClient
+from schemas import EtcdKeys, TaskRecord
+
+pytestmark = pytest.mark.services
+
+
+def end_offsets(services, topic: str, partitions: int) -> dict[tuple[str, int], int]:
+    from confluent_kafka import Consumer
+
+    c = Consumer({"bootstrap.servers": services.kafka, "group.id": "probe",
+                  "isolation.level": "read_committed"})
+    try:
+        return {(topic, p): c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                for p in range(partitions)}
+    finally:
+        c.close()
+
+
+def trained_to(trainer: FakeTrainer, etcd: Etcd, job: str, tp: tuple[str, int]) -> int | None:
+    """Let the trainer work one task, then read the partition's watermark."""
+    trainer.drain_once()
+    cursor = cursors(etcd, job).get(tp)
+    return None if cursor is None else cursor.trained
+
+
+def client(etcd: Etcd, config, trainer: str = "t1") -> TaskClient:
+    return TaskClient(etcd, config.name, trainer, config.tasks.timeout_s, config.tasks.max_attempts)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    counts=st.lists(st.integers(0, 700), min_size=1, max_size=4),
+    max_records=st.integers(1, 300),
+    transactional=st.booleans(),
+)
+def test_done_tasks_cover_every_partition_exactly_once(
+    services, topic_factory, unique, start_master, counts, max_records, transactional
+) -> None:
+    topic = topic_factory("input", partitions=len(counts))
+    produce(services, topic, dict(enumerate(counts)), transactional=transactional)
+    ends = end_offsets(services, topic, len(counts))
+    config = job_config(unique("cover"), topic, tasks={"max_records": max_records})
+    etcd = Etcd.connect(services)
+    trainer = FakeTrainer(client(etcd, config))
+    master = start_master(config)
+
+    def all_trained() -> bool:
+        trainer.drain_once()
+        found = cursors(etcd, config.name)
+        return len(found) == len(ends) and all(found[tp].trained == end for tp, end in ends.items())
+
+    wait_for(all_trained, 60, "every partition trained to its end")
+    master.close()
+    assert_exact_cover(trainer.completed, ends)
+    assert all(0 < end - start <= max_records for _, _, start, end, _ in trainer.completed)
+    keys = EtcdKeys(config.name)
+    assert etcd.count(keys.tasks("done")) == 0  # folded into the watermark
+    etcd.close()
+
+
+def test_partitions_added_later_are_followed(services, topic_factory, unique, start_master) -> None:
+    topic = topic_factory("grow", partitions=1)
+    produce(services, topic, {0: 50})
+    config = job_config(unique("grow"), topic, tasks={"max_records": 20})
+    etcd = Etcd.connect(services)
+    trainer = FakeTrainer(client(etcd, config))
+    start_master(config)
+    wait_for(lambda: trained_to(trainer, etcd, config.name, (topic, 0)) == 50, 30, "partition 0 trained")
+    from confluent_kafka.admin import NewPartitions
+
+    admin = AdminClient({"bootstrap.servers": services.kafka})
+    admin.create_partitions([NewPartitions(topic, 2)])[topic].result(30)
+    produce(services, topic, {1: 30})
+    wait_for(lambda: trained_to(trainer, etcd, config.name, (topic, 1)) == 30, 30, "new partition trained")
+    assert_exact_cover(trainer.completed, {(topic, 0): 50, (topic, 1): 30})
+    etcd.close()
+
+
+def test_partial_task_at_the_head_is_cut_after_linger(services, topic_factory, unique, start_master) -> None:
+    topic = topic_factory("head")
+    produce(services, topic, {0: 7})
+    config = job_config(unique("linger"), topic, tasks={"max_records": 1000, "linger_ms": 300})
+    etcd = Etcd.connect(services)
+    start_master(config)
+    keys = EtcdKeys(config.name)
+    wait_for(lambda: etcd.count(keys.tasks("todo")) == 1, 10, "the partial task")
+    (entry,) = etcd.range(keys.tasks("todo"))
+    task = TaskRecord.from_json(entry.value)
+    assert (task.start, task.end) == (0, 7)
+    etcd.close()
+
+
+def test_dead_trainers_task_returns_to_todo_after_timeout_with_attempt_plus_one(
+    services, topic_factory, unique, start_master
+) -> None:
+    topic = topic_factory("timeout")
+    produce(services, topic, {0: 10})
+    config = job_config(unique("timeout"), topic, tasks={"max_records": 10, "timeout_s": 1})
+    etcd = Etcd.connect(services)
+    keys = EtcdKeys(config.name)
+    start_master(config)
+    wait_for(lambda: etcd.count(keys.tasks("todo")) == 1, 10, "a task")
+    dead = client(etcd, config, "doomed")
+    task = dead.claim()
+    assert task is not None and task.record.attempt == 0
+    assert etcd.count(keys.tasks("pending")) == 1
+    wait_for(lambda: etcd.count(keys.tasks("todo")) == 1, 10, "requeue after timeout")
+    (entry,) = etcd.range(keys.tasks("todo"))
+    requeued = TaskRecord.from_json(entry.value)
+    assert requeued.attempt == 1 and requeued.trainer_id is None
+    assert "timed out" in requeued.reason
+
+    # The zombie wakes up: every call of its old attempt is refused.
+    with pytest.raises(TaskLostError):
+        dead.complete(task)
+    with pytest.raises(TaskLostError):
+        dead.heartbeat(task)
+    live = client(etcd, config, "healthy")
+    again = live.claim()
+    assert again is not None and again.record.attempt == 1
+    live.complete(again)
+    etcd.close()
+
+
+def test_task_that_always_crashes_its_trainer_ends_in_failed_after_max_attempts(
+    services, topic_factory, unique, start_master
+) -> None:
+    topic = topic_factory("poison")
+    produce(services, topic, {0: 30})
+    config = job_config(unique("poison"), topic,
+                        tasks={"max_records": 10, "timeout_s": 0.5, "max_attempts": 3})
+    etcd = Etcd.connect(services)
+    keys = EtcdKeys(config.name)
+    start_master(config)
+    wait_for(lambda: etcd.count(keys.tasks("todo")) == 3, 10, "three tasks")
+    poison_id = TaskRecord.make_id(topic, 0, 10)
+    healthy = FakeTrainer(client(etcd, config, "healthy"))
+    crashes = 0
+
+    def settle() -> bool:
+        nonlocal crashes
+        task = healthy.client.claim()
+        if task is None:
+            return etcd.count(keys.tasks("failed")) == 1 and etcd.count(keys.tasks("pending")) == 0
+        if task.task_id == poison_id:
+            crashes += 1  # the trainer "dies": it never completes, the master must time it out
+        else:
+            healthy.client.complete(task)
+        return False
+
+    wait_for(settle, 30, "the poison task to fail")
+    assert crashes == 3
+    (entry,) = etcd.range(keys.tasks("failed"))
+    failed = TaskRecord.from_json(entry.value)
+    assert failed.task_id == poison_id and "attempt 3 of 3" in failed.reason
+    # The watermark moves past the failed range: it does not block the partition.
+    wait_for(lambda: cursors(etcd, config.name)[(topic, 0)].trained == 30, 10, "fold past failure")
+    etcd.close()
+
+
+def test_trainer_fail_and_release(services, topic_factory, unique, start_master) -> None:
+    topic = topic_factory("fail")
+    produce(services, topic, {0: 5})
+    config = job_config(unique("fail"), topic, tasks={"max_records": 5, "max_attempts": 2})
+    etcd = Etcd.connect(services)
+    keys = EtcdKeys(config.name)
+    start_master(config)
+    wait_for(lambda: etcd.count(keys.tasks("todo")) == 1, 10, "a task")
+    c = client(etcd, config)
+    task = c.claim()
+    c.release(task)
+    task = c.claim()
+    assert task.record.attempt == 0  # a release is not a failure
+    assert c.fail(task, "decoder exploded") == "todo"
+    task = c.claim()
+    assert c.fail(task, "decoder exploded") == "failed"
+    (entry,) = etcd.range(keys.tasks("failed"))
+    assert "decoder exploded" in TaskRecord.from_json(entry.value).reason
+    etcd.close()
+
+
+def test_bounded_input_is_trained_once_per_pass_then_the_job_finishes(
+    services, topic_factory, unique, start_master
+) -> None:
+    topic = topic_factory("bounded", partitions=2)
+    produce(services, topic, {0: 40, 1: 25})
+    config = job_config(unique("passes"), topic, tasks={"max_records": 10}, input={"passes": 3})
+    etcd = Etcd.connect(services)
+    trainer = FakeTrainer(client(etcd, config))
+    start_master(config)
+    state_key = EtcdKeys(config.name).state
+
+    wait_for(lambda: not trainer.drain_once() and etcd.get(state_key) is not None, 60, "job finished")
+    assert json.loads(etcd.get(state_key).value) == {"state": "finished"}
+    for p in range(3):
+        assert_exact_cover(trainer.completed, {(topic, 0): 40, (topic, 1): 25}, pass_no=p)
+    ids = {TaskRecord.make_id(t, part, s, p) for t, part, s, _, p in trainer.completed}
+    assert len(ids) == len(trainer.completed)  # every pass's tasks are distinct for dedup
+    etcd.close()
+
+
+def test_membership_trainers_and_pserver_indexes(services, unique, topic_factory, start_master) -> None:
+    topic = topic_factory("members")
+    config = job_config(unique("members"), topic, pservers={"count": 2})
+    etcd = Etcd.connect(services)
+    start_master(config)
+    keys = EtcdKeys(config.name)
+    wait_for(lambda: etcd.get(keys.ps_desired) is not None, 10, "ps_desired")
+    first, lease0 = register_pserver(etcd, config.name, "127.0.0.1:1")
+    second, lease1 = register_pserver(etcd, config.name, "127.0.0.1:2")
+    assert (first, second) == (0, 1)
+    from master.errors import NoFreeIndexError
+
+    with pytest.raises(NoFreeIndexError):
+        register_pserver(etcd, config.name, "127.0.0.1:3")
+    trainer_lease = register_trainer(etcd, config.name, "trainer-a", ttl_s=5)
+    view = members(etcd, config.name)
+    assert set(view.trainers) == {"trainer-a"} and set(view.pservers) == {0, 1}
+    lease0.revoke()
+    assert register_pserver(etcd, config.name, "127.0.0.1:4")[0] == 0  # the freed index
+    trainer_lease.revoke()
+    assert members(etcd, config.name).trainers == {}
+    lease1.revoke()
+    etcd.close()
