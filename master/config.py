@@ -427,15 +427,20 @@ class MasterSection:
         lock_ttl_s: TTL of the leader lease (whole seconds, as etcd leases take); a standby
             master takes over within this after the leader dies.
         poll_ms: how often the master reads the input partitions' end offsets.
+        compact_history_s: every this many seconds the master compacts etcd's history up to
+            the revision it saw one period earlier (0: leave it to the cluster's own
+            auto-compaction).
     """
 
     lock_ttl_s: int = 10
     poll_ms: int = 200
+    compact_history_s: int = 10
 
     def __post_init__(self) -> None:
         _int("master.lock_ttl_s", self.lock_ttl_s, 1)
         # Below 10 ms the master would spend its time asking Kafka for offsets.
         _int("master.poll_ms", self.poll_ms, 10)
+        _int("master.compact_history_s", self.compact_history_s, 0)
 
 
 _SECTIONS: dict[str, type] = {

@@ -34,7 +34,7 @@ class Entry:
 
 
 Compare = tx.BaseCompare
-Op = tx.Put | tx.Delete | tx.Get
+Op = tx.Put | tx.Delete | tx.Get | tx.Txn
 
 
 @contextmanager
@@ -90,6 +90,21 @@ class Etcd:
         with _translated("multi-range"):
             _, responses = self._client.transaction(compare=[], success=ops, failure=[])
         return [[_entry(meta, value) for value, meta in resp] for resp in responses]
+
+    def revision(self) -> int:
+        """The store's current revision."""
+        with _translated("revision"):
+            return self._client.get_response("/", count_only=True).header.revision
+
+    def compact(self, revision: int) -> None:
+        """Drop history (superseded values and tombstones) below `revision`."""
+        with _translated(f"compact {revision}"):
+            try:
+                self._client.compact(revision)
+            except grpc.RpcError as exc:
+                # Someone (auto-compaction, another master) compacted past it already: fine.
+                if "compacted" not in str(exc.details() if hasattr(exc, "details") else exc):
+                    raise
 
     # -- writes --------------------------------------------------------------------------
     def txn(self, compare: Sequence[Compare], success: Sequence[Op],
@@ -170,6 +185,16 @@ def put_op(key: str, value: bytes, lease: Lease | None = None) -> tx.Put:
 
 def delete_op(key: str) -> tx.Delete:
     return tx.Delete(key)
+
+
+def txn_op(compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()) -> tx.Txn:
+    """A transaction nested in another: evaluated on its own, in the same round trip."""
+    return tx.Txn(list(compare), list(success), list(failure))
+
+
+def nested_succeeded(response) -> bool:
+    """Whether a nested transaction's compare held, from its response in the outer one."""
+    return bool(response.response_txn.succeeded)
 
 
 def value_is(key: str, value: bytes) -> Compare:

@@ -15,13 +15,12 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from pyetcd import transactions as tx
-
 from infra import Endpoints
 from master import plan
 from master.config import JobConfig
 from master.errors import NotLeaderError
-from master.etcd import MAX_TXN_OPS, Entry, Etcd, Op, delete_op, mod_revision_is, put_op
+from master.etcd import (MAX_TXN_OPS, Entry, Etcd, Op, delete_op, mod_revision_is,
+                         nested_succeeded, put_op, txn_op)
 from master.leader import LeaderLock
 from master.offsets import InputOffsets, InputUnavailableError, Partition
 from schemas import EtcdKeys, PartitionCursor, SchemaError, TaskRecord
@@ -61,6 +60,7 @@ class Master:
         self._partitions_at = float("-inf")
         self._members: dict[str, set[str]] = {"trainers": set(), "ps": set()}
         self._ignored: set[Partition] = set()
+        self._compact_mark: tuple[float, int] | None = None
 
     # -- life cycle ----------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -109,6 +109,7 @@ class Master:
         self._watch_members("ps", ps)
         self._expire(pending, now)
         self._fold(done, failed)
+        self._compact(now)
         if self.finished:
             return
         self._slice(len(todo), now)
@@ -283,6 +284,22 @@ class Master:
             self._commit_cursors(cursors)
             log.info("pass %d begins", cursors[0].pass_no)
 
+    # -- history ---------------------------------------------------------------------------
+    def _compact(self, now: float) -> None:
+        """Every task leaves tombstones under tasks/ that range reads must walk until etcd
+        compacts them: compact what is older than one period, so the queues stay fast on an
+        endless stream."""
+        period = self.config.master.compact_history_s
+        if not period:
+            return
+        if self._compact_mark is None:
+            self._compact_mark = (now, self.etcd.revision())
+            return
+        marked_at, revision = self._compact_mark
+        if now - marked_at >= period:
+            self.etcd.compact(revision)
+            self._compact_mark = (now, self.etcd.revision())
+
     # -- membership ----------------------------------------------------------------------
     def _watch_members(self, kind: str, entries: list[Entry]) -> None:
         now = {e.key.rsplit("/", 1)[1] for e in entries}
@@ -303,10 +320,10 @@ class Master:
     def _write_nested(self, compare: list, ops: list[Op]) -> bool:
         """Fenced on the lock, then conditional on `compare`, in one round trip. Returns whether
         the inner condition held (False: a trainer got there first)."""
-        ok, responses = self.etcd.txn([self.lock.fence()], [tx.Txn(compare, ops, [])])
+        ok, responses = self.etcd.txn([self.lock.fence()], [txn_op(compare, ops)])
         if not ok:
             raise NotLeaderError(f"{self.keys.master_lock} is no longer ours; stopping")
-        return responses[0].response_txn.succeeded
+        return nested_succeeded(responses[0])
 
     @staticmethod
     def _parse(entry: Entry) -> TaskRecord | None:

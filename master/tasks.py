@@ -14,13 +14,15 @@ from dataclasses import dataclass, replace
 
 from master import plan
 from master.errors import TaskLostError
-from master.etcd import Entry, Etcd, delete_op, mod_revision_is, put_op, value_is
+from master.etcd import (Entry, Etcd, delete_op, mod_revision_is, nested_succeeded, put_op,
+                         txn_op, value_is)
 from schemas import EtcdKeys, SchemaError, TaskRecord
 
-# Trainers pick at random among the oldest few todo tasks, so that many trainers claiming at
-# once rarely race for the same key, while old tasks still go first.
-_SPREAD = 8
+# Trainers pick at random among the oldest todo tasks they last listed, so that many trainers
+# claiming at once rarely race for one key, while old tasks still go first.
+_SPREAD = 32
 _CANDIDATES = 64
+_MAX_TRIES = 16
 
 
 @dataclass(frozen=True)
@@ -48,12 +50,27 @@ class TaskClient:
 
     def claim(self) -> ClaimedTask | None:
         """The next task, or None when todo is empty."""
-        for _ in range(2 * _SPREAD + 2):
+        for _ in range(_MAX_TRIES):
+            candidate = self._candidate()
+            if candidate is None:
+                return None
+            entry, held = candidate
+            ok, _ = self._etcd.txn([mod_revision_is(entry.key, entry.mod_revision)],
+                                   self._claim_ops(entry, held))
+            if ok:
+                return held
+            self._candidates = []  # another trainer was faster: what we listed is stale
+        return None
+
+    def _candidate(self) -> tuple[Entry, ClaimedTask] | None:
+        """A todo task this trainer may try to claim, with the record it would write."""
+        while True:
             if not self._candidates:
                 self._candidates = self._etcd.range(self.keys.tasks("todo"), limit=_CANDIDATES,
                                                     oldest_first=True)
                 if not self._candidates:
                     return None
+            # Random among the oldest few: trainers claiming at once rarely race for one key.
             entry = self._candidates.pop(self._rng.randrange(min(_SPREAD, len(self._candidates))))
             try:
                 task = TaskRecord.from_json(entry.value)
@@ -61,14 +78,10 @@ class TaskClient:
                 continue  # the master moves unreadable records out of the way
             held = replace(task, trainer_id=self.trainer_id, claim=task.claim + 1,
                            deadline=time.time() + self.timeout_s)
-            value = held.to_json()
-            ok, _ = self._etcd.txn(
-                [mod_revision_is(entry.key, entry.mod_revision)],
-                [delete_op(entry.key), put_op(self.keys.task("pending", task.task_id), value)],
-            )
-            if ok:
-                return ClaimedTask(held, value)
-        return None
+            return entry, ClaimedTask(held, held.to_json())
+
+    def _claim_ops(self, entry: Entry, held: ClaimedTask) -> list:
+        return [delete_op(entry.key), put_op(self.keys.task("pending", held.task_id), held.value)]
 
     def heartbeat(self, task: ClaimedTask) -> ClaimedTask:
         """Restart the task's timeout. Raises TaskLostError if it is no longer ours."""
@@ -78,15 +91,29 @@ class TaskClient:
         self._require(self._etcd.txn([value_is(key, task.value)], [put_op(key, value)])[0], task)
         return ClaimedTask(held, value)
 
-    def complete(self, task: ClaimedTask) -> None:
-        """pending → done. Raises TaskLostError if it is no longer ours."""
+    def complete(self, task: ClaimedTask, claim_next: bool = False) -> ClaimedTask | None:
+        """pending → done. With `claim_next`, the next task is claimed in the same round trip
+        (a nested transaction that runs only if the completion holds) and returned, so a busy
+        trainer pays one etcd transaction per task instead of two.
+
+        Raises:
+            TaskLostError: the task is no longer held by this attempt; nothing was written.
+        """
         done = replace(task.record, deadline=None)
         key = self.keys.task("pending", task.task_id)
-        ok, _ = self._etcd.txn(
-            [value_is(key, task.value)],
-            [delete_op(key), put_op(self.keys.task("done", task.task_id), done.to_json())],
-        )
+        ops = [delete_op(key), put_op(self.keys.task("done", task.task_id), done.to_json())]
+        candidate = self._candidate() if claim_next else None
+        if candidate is not None:
+            entry, held = candidate
+            ops.append(txn_op([mod_revision_is(entry.key, entry.mod_revision)],
+                              self._claim_ops(entry, held)))
+        ok, responses = self._etcd.txn([value_is(key, task.value)], ops)
         self._require(ok, task)
+        if candidate is not None:
+            if nested_succeeded(responses[-1]):
+                return candidate[1]
+            self._candidates = []
+        return self.claim() if claim_next else None
 
     def fail(self, task: ClaimedTask, reason: str) -> str:
         """This attempt failed: back to todo with attempt + 1, or failed after the last

@@ -19,7 +19,7 @@ from master.config import JobConfig
 from master.errors import TaskLostError
 from master.etcd import Etcd
 from master.service import Master
-from master.tasks import TaskClient
+from master.tasks import ClaimedTask, TaskClient
 from schemas import EtcdKeys, PartitionCursor
 
 
@@ -154,18 +154,21 @@ def cursors(etcd: Etcd, job: str) -> dict[tuple[str, int], PartitionCursor]:
 
 @dataclass
 class FakeTrainer:
-    """Claims and completes tasks as fast as etcd allows, recording every completed range."""
+    """Claims and completes tasks as fast as etcd allows (completing and claiming the next in
+    one transaction, as a busy trainer does), recording every completed range."""
 
     client: TaskClient
     completed: list[tuple[str, int, int, int, int]] = field(default_factory=list)  # topic, part, start, end, pass
     lost: int = 0
+    held: ClaimedTask | None = None
 
     def drain_once(self) -> bool:
-        task = self.client.claim()
+        task = self.held or self.client.claim()
+        self.held = None
         if task is None:
             return False
         try:
-            self.client.complete(task)
+            self.held = self.client.complete(task, claim_next=True)
         except TaskLostError:
             self.lost += 1
             return True

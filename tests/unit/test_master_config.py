@@ -152,7 +152,7 @@ def test_minimal_job_file_takes_every_documented_default():
             "checkpoint_uri": "file:///var/lib/streamtrain/ctr/ckpt",
             "keep_checkpoints": 3,
         },
-        "master": {"lock_ttl_s": 10, "poll_ms": 200},
+        "master": {"lock_ttl_s": 10, "poll_ms": 200, "compact_history_s": 10},
     }
 
 
@@ -412,7 +412,7 @@ def test_key_above_every_section_header_is_rejected_suggesting_where_it_belongs(
 
 def test_unknown_key_without_a_close_match_lists_the_known_keys():
     err = rejected(with_keys(master={"zzzzzz": 1}))
-    assert err.reason == "unknown key (known keys in [master]: lock_ttl_s, poll_ms)"
+    assert err.reason == "unknown key (known keys in [master]: lock_ttl_s, poll_ms, compact_history_s)"
 
 
 def test_every_unknown_key_is_named_in_one_error():
