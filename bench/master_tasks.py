@@ -7,7 +7,7 @@ JSON report:
   etcd_txn_per_s            single-client put-if-absent transactions (the yardstick)
   etcd_txn_per_s_4_clients  the same from 4 threads (etcd batches concurrent proposals)
   slice_tasks_per_s         tasks the master cuts and stores (batched, fenced transactions)
-  cycles_per_s[n]           claim + complete cycles with n trainer threads
+  cycles_per_s[n]           claim + complete cycles with n trainer processes
   txn_per_cycle_equiv       etcd_txn_per_s / cycles_per_s[1]: what one cycle costs in txns
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import tempfile
 import threading
 import time
@@ -93,26 +94,35 @@ def slice_rate(endpoints: Endpoints, config: JobConfig, tasks: int) -> float:
     return rate
 
 
+def _trainer_process(endpoints: Endpoints, job: str, index: int, quota: int, go, out) -> None:
+    etcd = Etcd.connect(endpoints)
+    client = TaskClient(etcd, job, f"t{index}", 30, 3)
+    go.wait()
+    done = 0
+    task = client.claim()
+    while task is not None:
+        done += 1
+        task = client.complete(task, claim_next=done < quota)
+    out.put(done)
+    etcd.close()
+
+
 def cycle_rate(endpoints: Endpoints, config: JobConfig, trainers: int, cycles: int) -> float:
-    clients = [Etcd.connect(endpoints) for _ in range(trainers)]
-    done = [0] * trainers
-
-    def work(i: int) -> None:
-        tc = TaskClient(clients[i], config.name, f"t{i}", 30, 3)
-        task = tc.claim()
-        while task is not None:
-            done[i] += 1
-            task = tc.complete(task, claim_next=done[i] < cycles // trainers)
-
+    """Claim + complete cycles per second, each trainer a process of its own (as in a job)."""
+    ctx = multiprocessing.get_context("spawn")  # gRPC channels do not survive fork
+    go, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_trainer_process,
+                         args=(endpoints, config.name, i, cycles // trainers, go, out))
+             for i in range(trainers)]
+    for p in procs:
+        p.start()
+    time.sleep(3)  # let every process import and connect before the clock starts
     began = time.perf_counter()
-    pool = [threading.Thread(target=work, args=(i,)) for i in range(trainers)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    rate = sum(done) / (time.perf_counter() - began)
-    for c in clients:
-        c.close()
+    go.set()
+    total = sum(out.get() for _ in procs)
+    rate = total / (time.perf_counter() - began)
+    for p in procs:
+        p.join()
     return rate
 
 
