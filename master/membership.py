@@ -13,9 +13,23 @@ import socket
 import time
 from dataclasses import dataclass, field
 
-from master.errors import NoFreeIndexError
+from master.config import JobConfig
+from master.errors import MasterError, NoFreeIndexError
 from master.etcd import Etcd, Lease, absent, put_op
 from schemas import EtcdKeys
+
+
+def read_job_config(etcd: Etcd, job: str) -> JobConfig:
+    """The config the job's master stored: what every trainer and pserver runs by.
+
+    Raises:
+        MasterError: no master has published the job yet.
+        JobConfigError: the stored config does not validate.
+    """
+    entry = etcd.get(EtcdKeys(job).config)
+    if entry is None:
+        raise MasterError(f"job {job!r} has no config in etcd yet: start its master first")
+    return JobConfig.from_json(entry.value, source=EtcdKeys(job).config)
 
 
 def _member_info(extra: dict[str, object]) -> bytes:

@@ -48,6 +48,14 @@ class TaskClient:
         self._candidates: list[Entry] = []
         self._rng = random.Random()
 
+    @classmethod
+    def for_job(cls, etcd: Etcd, job: str, trainer_id: str) -> TaskClient:
+        """A client with the timeout and attempt limit of the job's stored config."""
+        from master.membership import read_job_config
+
+        config = read_job_config(etcd, job)
+        return cls(etcd, job, trainer_id, config.tasks.timeout_s, config.tasks.max_attempts)
+
     def claim(self) -> ClaimedTask | None:
         """The next task, or None when todo is empty."""
         for _ in range(_MAX_TRIES):

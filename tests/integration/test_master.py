@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 
 import pytest
 from confluent_kafka import TopicPartition
@@ -135,6 +139,38 @@ def test_dead_trainers_task_returns_to_todo_after_timeout_with_attempt_plus_one(
     again = live.claim()
     assert again is not None and again.record.attempt == 1
     live.complete(again)
+    etcd.close()
+
+
+def test_task_claimed_by_a_sigkilled_trainer_process_returns_to_todo_with_attempt_plus_one(
+    services, topic_factory, unique, start_master
+) -> None:
+    topic = topic_factory("sigkill")
+    produce(services, topic, {0: 10})
+    config = job_config(unique("sigkill"), topic, tasks={"max_records": 10, "timeout_s": 1})
+    etcd = Etcd.connect(services)
+    keys = EtcdKeys(config.name)
+    start_master(config)
+    wait_for(lambda: etcd.count(keys.tasks("todo")) == 1, 10, "a task")
+    env = dict(os.environ, STREAMTRAIN_KAFKA=services.kafka, STREAMTRAIN_ETCD=services.etcd,
+               STREAMTRAIN_REDIS=services.redis)
+    script = (
+        "import sys, time\n"
+        "from infra import Endpoints\n"
+        "from master.etcd import Etcd\n"
+        "from master.tasks import TaskClient\n"
+        f"client = TaskClient.for_job(Etcd.connect(Endpoints.resolve()), {config.name!r}, 'victim')\n"
+        "print(client.claim().task_id, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    victim = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+    claimed = victim.stdout.readline().strip()
+    assert etcd.get(keys.task("pending", claimed)) is not None
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    wait_for(lambda: etcd.get(keys.task("todo", claimed)) is not None, 10, "the requeue")
+    requeued = TaskRecord.from_json(etcd.get(keys.task("todo", claimed)).value)
+    assert requeued.attempt == 1 and "victim" in requeued.reason
     etcd.close()
 
 
