@@ -19,10 +19,11 @@ from infra import Endpoints
 from master import plan
 from master.config import JobConfig
 from master.errors import NotLeaderError
-from master.etcd import (MAX_TXN_OPS, Entry, Etcd, Op, delete_op, mod_revision_is,
+from master.etcd import (MAX_TXN_OPS, Entry, Etcd, Op, absent, delete_op, mod_revision_is,
                          nested_succeeded, put_op, txn_op)
 from master.leader import LeaderLock
 from master.offsets import InputOffsets, InputUnavailableError, Partition
+from pserver.sharding import SlotMap
 from schemas import EtcdKeys, PartitionCursor, SchemaError, TaskRecord
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,9 @@ class Master:
             log.warning("job config in etcd differs from the job file; the job file wins")
         self._write([put_op(self.keys.config, blob),
                      put_op(self.keys.ps_desired, str(self.config.pservers.count).encode())])
+        # The slot map is written once: parameters already live where it says.
+        slot_map = SlotMap.uniform(self.config.pservers.slots, self.config.pservers.count)
+        self._write_nested([absent(self.keys.slots)], [put_op(self.keys.slots, slot_map.to_json())])
 
     def _load(self) -> None:
         self.cursors = {}

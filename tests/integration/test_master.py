@@ -258,6 +258,9 @@ def test_membership_trainers_and_pserver_indexes(services, unique, topic_factory
     start_master(config)
     keys = EtcdKeys(config.name)
     wait_for(lambda: etcd.get(keys.ps_desired) is not None, 10, "ps_desired")
+    from pserver.sharding import SlotMap
+
+    assert SlotMap.from_json(etcd.get(keys.slots).value) == SlotMap.uniform(config.pservers.slots, 2)
     first, lease0 = register_pserver(etcd, config.name, "127.0.0.1:1")
     second, lease1 = register_pserver(etcd, config.name, "127.0.0.1:2")
     assert (first, second) == (0, 1)

@@ -1,0 +1,148 @@
+"""Sparse embedding rows of one shard: a vectorised id → row index map, the rows themselves,
+the update rule's lazy per-row state, and a deterministic initialiser.
+
+Everything is numpy over whole batches: the shard must apply millions of rows a second, so no
+Python loop runs per row. Rows are created on first touch with values drawn from the id alone
+(same id, same initial row, in any process, after any restart).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from pserver.sharding import mix64, name_salt
+
+_EMPTY = np.uint64(0)  # slot marker in `_keys`; real ids are stored as id + 1 (see _slot_key)
+
+
+class IdIndex:
+    """Open addressing with linear probing over numpy arrays; lookups and inserts run for a
+    whole batch at once, each probe step one vectorised pass over the keys still unresolved."""
+
+    def __init__(self, capacity: int = 1 << 16) -> None:
+        capacity = 1 << max(4, int(capacity - 1).bit_length())
+        self._keys = np.zeros(capacity, dtype=np.uint64)
+        self._rows = np.zeros(capacity, dtype=np.int64)
+        self.size = 0
+
+    @property
+    def capacity(self) -> int:
+        return len(self._keys)
+
+    @staticmethod
+    def _slot_key(ids: np.ndarray) -> np.ndarray:
+        # id + 1 so that 0 can mark an empty slot; the one id that wraps (2**64 - 1) to 0 is
+        # refused by `insert`.
+        with np.errstate(over="ignore"):
+            return ids.astype(np.uint64) + np.uint64(1)
+
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        """Row index per id, -1 where absent."""
+        keys = self._slot_key(ids)
+        mask = np.uint64(self.capacity - 1)
+        pos = mix64(keys) & mask
+        out = np.full(len(keys), -1, dtype=np.int64)
+        todo = np.arange(len(keys))
+        while len(todo):
+            found = self._keys[pos]
+            hit = found == keys[todo]
+            out[todo[hit]] = self._rows[pos[hit]]
+            more = ~hit & (found != _EMPTY)
+            todo, pos = todo[more], (pos[more] + np.uint64(1)) & mask
+        return out
+
+    def insert(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        """Add ids known to be absent and distinct, mapping them to `rows`."""
+        if len(ids) == 0:
+            return
+        if np.any(ids == np.uint64(2**64 - 1)):
+            raise ValueError("row id 2**64 - 1 is reserved")
+        if (self.size + len(ids)) * 2 > self.capacity:
+            self._grow(self.size + len(ids))
+        self._place(self._slot_key(ids), rows.astype(np.int64))
+        self.size += len(ids)
+
+    def _place(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        mask = np.uint64(self.capacity - 1)
+        pos = mix64(keys) & mask
+        while len(keys):
+            free = self._keys[pos] == _EMPTY
+            # Several new keys may probe the same free slot in one pass: the first one wins it,
+            # the others keep probing.
+            _, first = np.unique(pos[free], return_index=True)
+            winners = np.flatnonzero(free)[first]
+            self._keys[pos[winners]] = keys[winners]
+            self._rows[pos[winners]] = rows[winners]
+            placed = np.zeros(len(keys), dtype=bool)
+            placed[winners] = True
+            keys, rows = keys[~placed], rows[~placed]
+            pos = (pos[~placed] + np.uint64(1)) & mask
+
+    def _grow(self, needed: int) -> None:
+        used = self._keys != _EMPTY
+        keys, rows = self._keys[used], self._rows[used]
+        capacity = 1 << int(needed * 2 - 1).bit_length()
+        self._keys = np.zeros(capacity, dtype=np.uint64)
+        self._rows = np.zeros(capacity, dtype=np.int64)
+        self._place(keys, rows)
+
+
+def initial_rows(table: str, ids: np.ndarray, dim: int, scale: float) -> np.ndarray:
+    """Uniform in [-scale, scale), a pure function of (table, id, column)."""
+    counters = (np.asarray(ids, dtype=np.uint64) ^ name_salt(table))[:, None] * np.uint64(dim) \
+        + np.arange(dim, dtype=np.uint64)
+    bits = mix64(counters) >> np.uint64(40)  # 24 random bits: exact in float32
+    unit = bits.astype(np.float32) * np.float32(1.0 / (1 << 24))
+    return (unit * np.float32(2 * scale) - np.float32(scale)).astype(np.float32)
+
+
+class RowTable:
+    """One embedding table's rows on this shard, with per-row optimizer state."""
+
+    def __init__(self, name: str, dim: int, state_names: tuple[str, ...], init_scale: float = 0.01,
+                 state_init: Mapping[str, float] | None = None, capacity: int = 1 << 16) -> None:
+        self.name = name
+        self.dim = dim
+        self.init_scale = init_scale
+        self.index = IdIndex(capacity * 2)
+        self.ids = np.zeros(capacity, dtype=np.uint64)
+        self.values = np.zeros((capacity, dim), dtype=np.float32)
+        self.steps = np.zeros(capacity, dtype=np.int64)
+        self._state_init = dict(state_init or {})
+        self.state = {n: np.full((capacity, dim), self._state_init.get(n, 0.0), dtype=np.float32)
+                      for n in state_names}
+        self.size = 0
+
+    def rows_for(self, ids: np.ndarray) -> np.ndarray:
+        """Row indexes for distinct ids, creating the missing rows (deterministically)."""
+        rows = self.index.lookup(ids)
+        missing = rows < 0
+        if missing.any():
+            new_ids = ids[missing]
+            start = self.size
+            self._reserve(start + len(new_ids))
+            new_rows = np.arange(start, start + len(new_ids), dtype=np.int64)
+            self.ids[new_rows] = new_ids
+            self.values[new_rows] = initial_rows(self.name, new_ids, self.dim, self.init_scale)
+            self.index.insert(new_ids, new_rows)
+            self.size += len(new_ids)
+            rows[missing] = new_rows
+        return rows
+
+    def _reserve(self, needed: int) -> None:
+        capacity = len(self.ids)
+        if needed <= capacity:
+            return
+        grown = max(needed, capacity * 2)
+        self.ids = _grow(self.ids, grown)
+        self.values = _grow(self.values, grown)
+        self.steps = _grow(self.steps, grown)
+        self.state = {n: _grow(a, grown, self._state_init.get(n, 0.0)) for n, a in self.state.items()}
+
+
+def _grow(array: np.ndarray, rows: int, fill: float = 0.0) -> np.ndarray:
+    out = np.full((rows, *array.shape[1:]), fill, dtype=array.dtype)
+    out[: len(array)] = array
+    return out

@@ -1,0 +1,108 @@
+"""Which pserver shard owns a parameter: the one helper trainers and pservers both use.
+
+A sparse row `(table, id)` or a dense block `(param, block)` hashes to one of S slots (S fixed
+per job, 128…1024, `pservers.slots`); the slot map assigns slots to shards. Changing the
+number of shards means moving slots, never rehashing parameters. The hash is splitmix64 over
+the id salted with a digest of the table name: stable across processes, Python versions and
+machines (Python's own `hash` is salted per process), and vectorised over id arrays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def mix64(values: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, element-wise on uint64 (wrapping arithmetic is intended)."""
+    z = values.astype(np.uint64, copy=True)
+    with np.errstate(over="ignore"):
+        z += _GOLDEN
+        z ^= z >> np.uint64(30)
+        z *= _M1
+        z ^= z >> np.uint64(27)
+        z *= _M2
+        z ^= z >> np.uint64(31)
+    return z
+
+
+def name_salt(name: str) -> np.uint64:
+    """A stable 64-bit salt for a table or parameter name."""
+    return np.uint64(int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little"))
+
+
+def row_hash(table: str, ids: np.ndarray) -> np.ndarray:
+    return mix64(np.asarray(ids, dtype=np.uint64) ^ name_salt(table))
+
+
+@dataclass(frozen=True)
+class SlotMap:
+    """slot → shard, stored as JSON at the job's `slots` key (written by the master)."""
+
+    owners: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.owners) <= 1 << 16:
+            raise ValueError(f"slot map: {len(self.owners)} slots, expected 1..65536")
+        if min(self.owners) < 0:
+            raise ValueError("slot map: negative shard index")
+        object.__setattr__(self, "_owners", np.asarray(self.owners, dtype=np.int32))
+
+    @classmethod
+    def uniform(cls, slots: int, shards: int) -> SlotMap:
+        """Slots dealt round-robin: every shard owns slots // shards of them, ± 1."""
+        if shards < 1 or slots < shards:
+            raise ValueError(f"slot map: {slots} slots cannot be spread over {shards} shards")
+        return cls(tuple(s % shards for s in range(slots)))
+
+    @property
+    def slots(self) -> int:
+        return len(self.owners)
+
+    @property
+    def shards(self) -> int:
+        return max(self.owners) + 1
+
+    def slots_of(self, shard: int) -> tuple[int, ...]:
+        return tuple(s for s, owner in enumerate(self.owners) if owner == shard)
+
+    def slot_of_rows(self, table: str, ids: np.ndarray) -> np.ndarray:
+        return (row_hash(table, ids) % np.uint64(self.slots)).astype(np.int32)
+
+    def shard_of_rows(self, table: str, ids: np.ndarray) -> np.ndarray:
+        return self._owners[self.slot_of_rows(table, ids)]
+
+    def shard_of_block(self, param: str, block: int) -> int:
+        h = mix64(np.array([block], dtype=np.uint64) ^ name_salt(param))
+        return int(self._owners[int(h[0] % np.uint64(self.slots))])
+
+    def split_rows(self, table: str, ids: np.ndarray, values: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Rows grouped by owning shard, order kept within each group (one sort, no loop over rows)."""
+        shard = self.shard_of_rows(table, ids)
+        order = np.argsort(shard, kind="stable")
+        bounds = np.searchsorted(shard[order], np.arange(self.shards + 1))
+        return {s: (ids[order[a:b]], values[order[a:b]])
+                for s, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])) if b > a}
+
+    def to_json(self) -> bytes:
+        return json.dumps({"v": 1, "owners": list(self.owners)}, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> SlotMap:
+        try:
+            doc = json.loads(data)
+            if doc.get("v") != 1:
+                raise ValueError(f"unknown version {doc.get('v')!r}")
+            owners = doc["owners"]
+            if not isinstance(owners, list) or not all(type(o) is int for o in owners):
+                raise ValueError("owners must be a list of shard indexes")
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"slot map JSON: {exc}") from exc
+        return cls(tuple(owners))

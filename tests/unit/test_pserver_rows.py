@@ -1,0 +1,51 @@
+"""The shard's row store: id index, deterministic initialisation, growth."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pserver.rows import IdIndex, RowTable, initial_rows
+
+
+@settings(max_examples=50, deadline=None)
+@given(batches=st.lists(st.lists(st.integers(0, 2**64 - 2), max_size=300), max_size=8))
+def test_index_finds_every_inserted_id_and_nothing_else(batches) -> None:
+    index, reference = IdIndex(16), {}
+    for batch in batches:
+        ids = np.unique(np.array(batch, dtype=np.uint64))
+        new = ids[index.lookup(ids) < 0]
+        rows = np.arange(len(reference), len(reference) + len(new))
+        index.insert(new, rows)
+        reference.update(zip(new.tolist(), rows.tolist()))
+    probe = np.array(list(reference) + [12345678901234567], dtype=np.uint64)
+    found = index.lookup(probe)
+    assert found[:-1].tolist() == list(reference.values())
+    assert found[-1] == (reference.get(12345678901234567, -1))
+
+
+def test_index_grows_and_keeps_every_mapping() -> None:
+    index = IdIndex(16)
+    ids = np.arange(0, 200_000, 3, dtype=np.uint64)
+    index.insert(ids, np.arange(len(ids)))
+    assert index.capacity >= 2 * len(ids)
+    assert np.array_equal(index.lookup(ids), np.arange(len(ids)))
+
+
+def test_initial_rows_depend_only_on_table_and_id() -> None:
+    a = initial_rows("user", np.array([5, 9], dtype=np.uint64), 16, 0.1)
+    b = initial_rows("user", np.array([9, 5], dtype=np.uint64), 16, 0.1)
+    assert np.array_equal(a[::-1], b)
+    assert not np.array_equal(a, initial_rows("ad", np.array([5, 9], dtype=np.uint64), 16, 0.1))
+    assert np.all(np.abs(a) <= 0.1) and a.std() > 0.02
+
+
+def test_table_creates_rows_on_first_touch_and_reuses_them() -> None:
+    table = RowTable("user", 4, ("sum",), capacity=2, state_init={"sum": 0.1})
+    first = table.rows_for(np.array([7, 3, 11], dtype=np.uint64))
+    again = table.rows_for(np.array([11, 7, 42], dtype=np.uint64))
+    assert again[:2].tolist() == [first[2], first[0]] and again[2] == 3
+    assert table.size == 4
+    assert np.array_equal(table.values[again[2]], initial_rows("user", np.array([42], dtype=np.uint64), 4, 0.01)[0])
+    assert np.all(table.state["sum"][: table.size] == np.float32(0.1))

@@ -1,0 +1,67 @@
+"""Ownership of rows and blocks: deterministic, balanced, the same for every process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pserver.sharding import SlotMap, row_hash
+
+
+def test_uniform_map_spreads_slots_evenly() -> None:
+    m = SlotMap.uniform(256, 3)
+    counts = np.bincount(np.array(m.owners))
+    assert counts.max() - counts.min() <= 1 and m.shards == 3 and m.slots == 256
+
+
+def test_rows_spread_across_shards_within_a_few_percent() -> None:
+    m = SlotMap.uniform(256, 4)
+    shards = m.shard_of_rows("user", np.arange(200_000, dtype=np.uint64))
+    share = np.bincount(shards, minlength=4) / 200_000
+    assert np.all(np.abs(share - 0.25) < 0.02)
+
+
+def test_same_id_in_different_tables_may_land_on_different_shards() -> None:
+    m = SlotMap.uniform(256, 8)
+    ids = np.arange(1000, dtype=np.uint64)
+    assert (m.shard_of_rows("user", ids) != m.shard_of_rows("ad", ids)).mean() > 0.5
+
+
+def test_hash_is_stable_across_processes() -> None:
+    here = row_hash("user", np.array([0, 1, 2**63], dtype=np.uint64)).tolist()
+    code = ("import numpy as np; from pserver.sharding import row_hash; "
+            "print(row_hash('user', np.array([0, 1, 2**63], dtype=np.uint64)).tolist())")
+    there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert there.stdout.strip() == str(here)
+
+
+def test_split_rows_groups_by_owner_and_keeps_every_row() -> None:
+    m = SlotMap.uniform(128, 3)
+    ids = np.arange(1000, dtype=np.uint64)
+    values = np.arange(1000 * 2, dtype=np.float32).reshape(1000, 2)
+    parts = m.split_rows("t", ids, values)
+    assert sum(len(i) for i, _ in parts.values()) == 1000
+    for shard, (part_ids, part_values) in parts.items():
+        assert np.all(m.shard_of_rows("t", part_ids) == shard)
+        assert np.array_equal(part_values[:, 0], part_ids.astype(np.float32) * 2)
+
+
+def test_block_owner_is_deterministic_and_json_round_trips() -> None:
+    m = SlotMap.uniform(128, 2)
+    again = SlotMap.from_json(m.to_json())
+    assert again == m
+    assert [m.shard_of_block("fc1.weight", b) for b in range(5)] == [again.shard_of_block("fc1.weight", b) for b in range(5)]
+
+
+@pytest.mark.parametrize("raw", [b"{}", b'{"v": 2, "owners": [0]}', b'{"v": 1, "owners": "x"}', b"nope"])
+def test_bad_slot_map_json_is_rejected(raw: bytes) -> None:
+    with pytest.raises(ValueError, match="slot map"):
+        SlotMap.from_json(raw)
+
+
+def test_more_shards_than_slots_is_rejected() -> None:
+    with pytest.raises(ValueError):
+        SlotMap.uniform(2, 3)
