@@ -270,7 +270,7 @@ class InputSection:
         if passes >= 1 and start_from == "latest":
             raise JobConfigError(
                 "input.start_from",
-                f"must be 'earliest' when input.passes >= 1 (bounded input starting at the latest "
+                "must be 'earliest' when input.passes >= 1 (bounded input starting at the latest "
                 "offset holds no records), got 'latest'",
             )
 

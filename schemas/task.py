@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from . import _json
-from ._check import I64_MAX, Check
+from ._check import Check
 
 VERSION = 1
 _check = Check("TaskRecord", VERSION)

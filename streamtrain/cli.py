@@ -7,7 +7,7 @@ import logging
 import signal
 import threading
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -15,6 +15,9 @@ from rich.table import Table
 
 from infra import Endpoints, InfraError, LocalServices, Ports
 from infra.endpoints import state_home
+
+if TYPE_CHECKING:
+    from master.config import JobConfig
 
 app = typer.Typer(
     name="streamtrain",
@@ -115,7 +118,7 @@ def _job_name(job: str) -> str:
     return job
 
 
-def _load_config(path: Path) -> "JobConfig":
+def _load_config(path: Path) -> JobConfig:
     from master.config import JobConfig, JobConfigError
 
     try:

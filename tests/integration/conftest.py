@@ -44,6 +44,19 @@ def produce(endpoints: Endpoints, topic: str, per_partition: dict[int, int],
     producer.flush(30)
 
 
+def stable_ends(endpoints: Endpoints, topic: str, partitions: int) -> dict[tuple[str, int], int]:
+    """Each partition's last stable offset: where the master's tasks end."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": endpoints.kafka, "group.id": "probe",
+                         "isolation.level": "read_committed"})
+    try:
+        return {(topic, p): consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                for p in range(partitions)}
+    finally:
+        consumer.close()
+
+
 def job_config(name: str, topic: str, **sections: dict) -> JobConfig:
     doc = {"job": {"name": name}, "input": {"topics": [topic]},
            "master": {"lock_ttl_s": 2, "poll_ms": 50},

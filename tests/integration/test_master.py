@@ -9,12 +9,12 @@ import subprocess
 import sys
 
 import pytest
-from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import (FakeTrainer, assert_exact_cover, cursors, job_config, produce, wait_for)
+from conftest import (FakeTrainer, assert_exact_cover, cursors, job_config, produce, stable_ends,
+                      wait_for)
 from master.errors import TaskLostError
 from master.etcd import Etcd
 from master.membership import members, register_pserver, register_trainer
@@ -22,18 +22,6 @@ from master.tasks import TaskClient
 from schemas import EtcdKeys, TaskRecord
 
 pytestmark = pytest.mark.services
-
-
-def end_offsets(services, topic: str, partitions: int) -> dict[tuple[str, int], int]:
-    from confluent_kafka import Consumer
-
-    c = Consumer({"bootstrap.servers": services.kafka, "group.id": "probe",
-                  "isolation.level": "read_committed"})
-    try:
-        return {(topic, p): c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in range(partitions)}
-    finally:
-        c.close()
 
 
 def trained_to(trainer: FakeTrainer, etcd: Etcd, job: str, tp: tuple[str, int]) -> int | None:
@@ -58,7 +46,7 @@ def test_done_tasks_cover_every_partition_exactly_once(
 ) -> None:
     topic = topic_factory("input", partitions=len(counts))
     produce(services, topic, dict(enumerate(counts)), transactional=transactional)
-    ends = end_offsets(services, topic, len(counts))
+    ends = stable_ends(services, topic, len(counts))
     config = job_config(unique("cover"), topic, tasks={"max_records": max_records})
     etcd = Etcd.connect(services)
     trainer = FakeTrainer(client(etcd, config))

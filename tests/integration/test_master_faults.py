@@ -4,17 +4,15 @@ endless stream of tasks that must not grow etcd."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import threading
 import time
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from conftest import (FakeTrainer, MasterProcess, assert_exact_cover, cursors, job_config,
-                      leader_name, produce, wait_for, write_job_file)
+                      leader_name, produce, stable_ends, wait_for, write_job_file)
 from master.errors import NotLeaderError
 from master.etcd import Etcd, put_op
 from master.service import Master
@@ -22,16 +20,6 @@ from master.tasks import TaskClient
 from schemas import EtcdKeys
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
-
-
-def stable_ends(services, topic: str, partitions: int) -> dict[tuple[str, int], int]:
-    c = Consumer({"bootstrap.servers": services.kafka, "group.id": "probe",
-                  "isolation.level": "read_committed"})
-    try:
-        return {(topic, p): c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in range(partitions)}
-    finally:
-        c.close()
 
 
 class TrainerLoop:
