@@ -148,6 +148,7 @@ def test_every_master_write_is_refused_once_another_master_holds_the_lock(
     etcd.close()
 
 
+@pytest.mark.timeout(900)
 def test_task_keys_stay_bounded_after_100k_tasks(services, topic_factory, unique, start_master) -> None:
     total = 100_000
     topic = topic_factory("endless", partitions=2)
