@@ -8,8 +8,6 @@ Python loop runs per row. Rows are created on first touch with values drawn from
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import numpy as np
 
 from pserver.sharding import mix64, name_salt
@@ -102,7 +100,7 @@ class RowTable:
     """One embedding table's rows on this shard, with per-row optimizer state."""
 
     def __init__(self, name: str, dim: int, state_names: tuple[str, ...], init_scale: float = 0.01,
-                 state_init: Mapping[str, float] | None = None, capacity: int = 1 << 16) -> None:
+                 capacity: int = 1 << 16) -> None:
         self.name = name
         self.dim = dim
         self.init_scale = init_scale
@@ -110,9 +108,9 @@ class RowTable:
         self.ids = np.zeros(capacity, dtype=np.uint64)
         self.values = np.zeros((capacity, dim), dtype=np.float32)
         self.steps = np.zeros(capacity, dtype=np.int64)
-        self._state_init = dict(state_init or {})
-        self.state = {n: np.full((capacity, dim), self._state_init.get(n, 0.0), dtype=np.float32)
-                      for n in state_names}
+        # Update rules start from zero state and set their own start values on a row's first
+        # update (steps == 0), see pserver/optimizers.py.
+        self.state = {n: np.zeros((capacity, dim), dtype=np.float32) for n in state_names}
         self.size = 0
 
     def rows_for(self, ids: np.ndarray) -> np.ndarray:
@@ -139,10 +137,10 @@ class RowTable:
         self.ids = _grow(self.ids, grown)
         self.values = _grow(self.values, grown)
         self.steps = _grow(self.steps, grown)
-        self.state = {n: _grow(a, grown, self._state_init.get(n, 0.0)) for n, a in self.state.items()}
+        self.state = {n: _grow(a, grown) for n, a in self.state.items()}
 
 
-def _grow(array: np.ndarray, rows: int, fill: float = 0.0) -> np.ndarray:
-    out = np.full((rows, *array.shape[1:]), fill, dtype=array.dtype)
+def _grow(array: np.ndarray, rows: int) -> np.ndarray:
+    out = np.zeros((rows, *array.shape[1:]), dtype=array.dtype)
     out[: len(array)] = array
     return out

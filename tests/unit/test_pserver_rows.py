@@ -42,10 +42,10 @@ def test_initial_rows_depend_only_on_table_and_id() -> None:
 
 
 def test_table_creates_rows_on_first_touch_and_reuses_them() -> None:
-    table = RowTable("user", 4, ("sum",), capacity=2, state_init={"sum": 0.1})
+    table = RowTable("user", 4, ("sum",), capacity=2)
     first = table.rows_for(np.array([7, 3, 11], dtype=np.uint64))
     again = table.rows_for(np.array([11, 7, 42], dtype=np.uint64))
     assert again[:2].tolist() == [first[2], first[0]] and again[2] == 3
     assert table.size == 4
     assert np.array_equal(table.values[again[2]], initial_rows("user", np.array([42], dtype=np.uint64), 4, 0.01)[0])
-    assert np.all(table.state["sum"][: table.size] == np.float32(0.1))
+    assert np.all(table.state["sum"][: table.size] == 0)

@@ -1,0 +1,426 @@
+"""Update rules a pserver shard applies to the parameter rows it owns (docs/optimizers.md).
+
+The shard gathers the rows a gradient batch touches into dense float32 arrays, calls
+``rule.apply(rows, grads, state, steps)`` once for the whole batch, and scatters the rows and
+state back. Every built-in is a handful of in-place numpy passes over the batch: no Python loop
+runs per row, no float64 temporaries, no copies of the inputs.
+
+State is lazy and per row: ``steps[i]`` counts the updates row ``i`` had before this one, and a
+row's state only advances when the row receives a gradient, so a sparse row updated at its k-th
+touch sees exactly what a dense optimizer would see at its k-th step (Adam's bias correction
+uses ``steps + 1``, as torch.optim.Adam's per-parameter ``step`` does).
+
+A user's own rule is any object with ``name``, ``state_names`` and ``apply`` (``UpdateRule``),
+named in the job config as ``"module.path:callable"`` and built by ``make_rule``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = [
+    "Adagrad",
+    "Adam",
+    "FTRL",
+    "SGD",
+    "UpdateRule",
+    "UpdateRuleError",
+    "check_batch",
+    "make_rule",
+]
+
+_F32 = np.float32
+# Same shape as master/config.py's reference check: importlib + getattr can resolve it.
+_REF = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*", re.ASCII)
+
+
+class UpdateRuleError(ValueError):
+    """A hyperparameter, a rule spec, or a batch handed to ``apply`` is refused.
+
+    The message names what is at fault: ``adam: beta1: must be in [0, 1), got 1.0``,
+    ``my.rules:Sign: cannot import module 'my.rules' (No module named 'my')``.
+    """
+
+
+@runtime_checkable
+class UpdateRule(Protocol):
+    """What a pserver shard needs from an optimizer: the built-ins and any user rule.
+
+    Attributes:
+        name: short name for logs, metrics and checkpoint manifests (``"adagrad"``).
+        state_names: the per-row state arrays the rule keeps, each shaped like the rows and
+            float32. The shard creates them filled with zeros for a new row and checkpoints them
+            with the parameters; a rule that wants another start value writes it itself on a
+            row's first update (``steps == 0``), as Adagrad does.
+    """
+
+    name: str
+    state_names: tuple[str, ...]
+
+    def apply(self, rows: np.ndarray, grads: np.ndarray, state: Mapping[str, np.ndarray],
+              steps: np.ndarray) -> None:
+        """Apply one update to a batch of distinct rows, in place.
+
+        Args:
+            rows: (n, dim) float32, the current parameters; updated in place. A dense parameter
+                block comes as (1, block_len) (or (block_len // dim, dim)).
+            grads: (n, dim) float32 gradients, one per row (the caller sums duplicate ids
+                first); read only.
+            state: ``state[name]`` for every name in ``state_names``, (n, dim) float32; updated
+                in place.
+            steps: (n,) int64, how many updates each row had BEFORE this one; read only (the
+                caller increments it afterwards).
+        """
+        ...
+
+
+# ------------------------------------------------------------------------------ validation
+
+
+def _hyper(rule: str, key: str, value: object, *, lo: float, lo_open: bool,
+           hi: float = math.inf, hi_open: bool = True) -> float:
+    """``value`` as a float within the interval, or UpdateRuleError naming rule and key."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise UpdateRuleError(f"{rule}: {key}: must be a number, got {value!r}")
+    number = float(value)
+    low_ok = number > lo if lo_open else number >= lo
+    high_ok = number < hi if hi_open else number <= hi
+    if not (math.isfinite(number) and low_ok and high_ok):
+        left = "(" if lo_open else "["
+        right = ")" if hi_open else "]"
+        upper = "inf" if hi == math.inf else f"{hi:g}"
+        raise UpdateRuleError(f"{rule}: {key}: must be finite and in {left}{lo:g}, {upper}{right}, "
+                              f"got {value!r}")
+    return number
+
+
+def _set(obj: object, **values: float) -> None:
+    for key, value in values.items():
+        object.__setattr__(obj, key, value)  # frozen dataclass: store the coerced float
+
+
+def check_batch(rule: UpdateRule, rows: np.ndarray, grads: np.ndarray,
+                state: Mapping[str, np.ndarray], steps: np.ndarray) -> None:
+    """Refuse a batch that ``rule.apply`` would silently mis-apply: wrong dtype, shape or a
+    missing state array. Constant time; the built-ins call it on every batch.
+
+    Raises:
+        UpdateRuleError: naming the argument at fault.
+    """
+    where = f"{rule.name}.apply"
+    for label, array in (("rows", rows), ("grads", grads)):
+        if not isinstance(array, np.ndarray) or array.dtype != np.float32 or array.ndim != 2:
+            raise UpdateRuleError(f"{where}: {label}: must be a 2-d float32 array, got "
+                                  f"{_describe(array)}")
+    if grads.shape != rows.shape:
+        raise UpdateRuleError(f"{where}: grads: shape {grads.shape} differs from rows {rows.shape}")
+    if not rows.flags.writeable:
+        raise UpdateRuleError(f"{where}: rows: must be writeable (the update is in place)")
+    for name in rule.state_names:
+        array = state.get(name)
+        if array is None:
+            raise UpdateRuleError(f"{where}: state[{name!r}]: missing")
+        if (not isinstance(array, np.ndarray) or array.dtype != np.float32
+                or array.shape != rows.shape or not array.flags.writeable):
+            raise UpdateRuleError(f"{where}: state[{name!r}]: must be a writeable float32 array "
+                                  f"shaped like rows {rows.shape}, got {_describe(array)}")
+    if (not isinstance(steps, np.ndarray) or steps.dtype.kind not in "iu"
+            or steps.shape != rows.shape[:1]):
+        raise UpdateRuleError(f"{where}: steps: must be an integer array of shape "
+                              f"({rows.shape[0]},), got {_describe(steps)}")
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype} array of shape {value.shape}"
+    return type(value).__name__
+
+
+# ------------------------------------------------------------------------------- built-ins
+
+
+@dataclass(frozen=True, slots=True)
+class SGD:
+    """Plain stochastic gradient descent: ``w -= lr * g`` (torch.optim.SGD, no momentum)."""
+
+    name: ClassVar[str] = "sgd"
+    state_names: ClassVar[tuple[str, ...]] = ()
+
+    lr: float
+
+    def __post_init__(self) -> None:
+        _set(self, lr=_hyper(self.name, "lr", self.lr, lo=0.0, lo_open=True))
+
+    def apply(self, rows: np.ndarray, grads: np.ndarray, state: Mapping[str, np.ndarray],
+              steps: np.ndarray) -> None:
+        check_batch(self, rows, grads, state, steps)
+        tmp = np.multiply(grads, _F32(self.lr))
+        np.subtract(rows, tmp, out=rows)
+
+
+@dataclass(frozen=True, slots=True)
+class Adagrad:
+    """Adagrad as torch.optim.Adagrad (lr_decay=0, weight_decay=0)::
+
+        a += g * g;   w -= lr * g / (sqrt(a) + eps)
+
+    ``a`` starts at ``initial_accumulator_value``: written on a row's first update.
+    """
+
+    name: ClassVar[str] = "adagrad"
+    state_names: ClassVar[tuple[str, ...]] = ("accumulator",)
+
+    lr: float
+    eps: float = 1e-10
+    initial_accumulator_value: float = 0.0
+
+    def __post_init__(self) -> None:
+        _set(self,
+             lr=_hyper(self.name, "lr", self.lr, lo=0.0, lo_open=True),
+             eps=_hyper(self.name, "eps", self.eps, lo=0.0, lo_open=True),
+             initial_accumulator_value=_hyper(
+                 self.name, "initial_accumulator_value", self.initial_accumulator_value,
+                 lo=0.0, lo_open=False))
+
+    def apply(self, rows: np.ndarray, grads: np.ndarray, state: Mapping[str, np.ndarray],
+              steps: np.ndarray) -> None:
+        check_batch(self, rows, grads, state, steps)
+        acc = state["accumulator"]
+        if self.initial_accumulator_value:
+            _reset_fresh(acc, steps, self.initial_accumulator_value)
+        tmp = np.multiply(grads, grads)
+        np.add(acc, tmp, out=acc)
+        np.sqrt(acc, out=tmp)
+        np.add(tmp, _F32(self.eps), out=tmp)
+        np.divide(grads, tmp, out=tmp)
+        np.multiply(tmp, _F32(self.lr), out=tmp)
+        np.subtract(rows, tmp, out=rows)
+
+
+@dataclass(frozen=True, slots=True)
+class Adam:
+    """Adam as torch.optim.Adam (amsgrad=False, weight_decay=0), bias-corrected per row with
+    ``t = steps + 1``::
+
+        m = lerp(m, g, 1 - beta1);   v = beta2 * v + (1 - beta2) * g * g
+        w -= lr / (1 - beta1**t) * m / (sqrt(v) / sqrt(1 - beta2**t) + eps)
+    """
+
+    name: ClassVar[str] = "adam"
+    state_names: ClassVar[tuple[str, ...]] = ("exp_avg", "exp_avg_sq")
+
+    lr: float
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        _set(self,
+             lr=_hyper(self.name, "lr", self.lr, lo=0.0, lo_open=True),
+             beta1=_hyper(self.name, "beta1", self.beta1, lo=0.0, lo_open=False, hi=1.0),
+             beta2=_hyper(self.name, "beta2", self.beta2, lo=0.0, lo_open=False, hi=1.0),
+             eps=_hyper(self.name, "eps", self.eps, lo=0.0, lo_open=True))
+
+    def apply(self, rows: np.ndarray, grads: np.ndarray, state: Mapping[str, np.ndarray],
+              steps: np.ndarray) -> None:
+        check_batch(self, rows, grads, state, steps)
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        # Per-row scalars in float64 (n values, not n * dim), then one float32 column each.
+        t = steps.astype(np.float64) + 1.0
+        step_size = (self.lr / (1.0 - np.power(self.beta1, t))).astype(_F32)[:, None]
+        bc2_sqrt = np.sqrt(1.0 - np.power(self.beta2, t)).astype(_F32)[:, None]
+
+        # m = lerp(m, g, 1 - beta1), with torch's two-sided formula: exact (m = g) at beta1 = 0.
+        weight = _F32(1.0 - self.beta1)
+        tmp = np.subtract(grads, m)
+        if weight < 0.5:
+            np.multiply(tmp, weight, out=tmp)
+            np.add(m, tmp, out=m)
+        else:
+            np.multiply(tmp, _F32(1.0) - weight, out=tmp)
+            np.subtract(grads, tmp, out=m)
+        np.multiply(v, _F32(self.beta2), out=v)
+        np.multiply(grads, grads, out=tmp)
+        np.multiply(tmp, _F32(1.0 - self.beta2), out=tmp)
+        np.add(v, tmp, out=v)
+        np.sqrt(v, out=tmp)
+        np.divide(tmp, bc2_sqrt, out=tmp)
+        np.add(tmp, _F32(self.eps), out=tmp)
+        np.divide(m, tmp, out=tmp)
+        np.multiply(tmp, step_size, out=tmp)
+        np.subtract(rows, tmp, out=rows)
+
+
+@dataclass(frozen=True, slots=True)
+class FTRL:
+    """FTRL-Proximal, per coordinate (McMahan et al. 2013, Algorithm 1)::
+
+        w = 0 if |z| <= l1 else -(z - sign(z) * l1) / ((beta + sqrt(n)) / alpha + l2)
+        on g:  sigma = (sqrt(n + g*g) - sqrt(n)) / alpha;  z += g - sigma * w;  n += g*g
+        then the rows are set to w(z, n)
+
+    The weights are a function of (z, n): a row's first update starts from w = 0, as in the
+    paper, whatever value the row was created with; afterwards the rows hold w(z, n), which
+    ``apply`` reads as the current w rather than recomputing it.
+    """
+
+    name: ClassVar[str] = "ftrl"
+    state_names: ClassVar[tuple[str, ...]] = ("z", "n")
+
+    alpha: float
+    beta: float = 1.0
+    l1: float = 0.0
+    l2: float = 0.0
+
+    def __post_init__(self) -> None:
+        _set(self,
+             alpha=_hyper(self.name, "alpha", self.alpha, lo=0.0, lo_open=True),
+             # beta > 0 keeps the denominator positive while n is still 0.
+             beta=_hyper(self.name, "beta", self.beta, lo=0.0, lo_open=True),
+             l1=_hyper(self.name, "l1", self.l1, lo=0.0, lo_open=False),
+             l2=_hyper(self.name, "l2", self.l2, lo=0.0, lo_open=False))
+
+    def apply(self, rows: np.ndarray, grads: np.ndarray, state: Mapping[str, np.ndarray],
+              steps: np.ndarray) -> None:
+        check_batch(self, rows, grads, state, steps)
+        z, n = state["z"], state["n"]
+        _reset_fresh(rows, steps, 0.0)  # w(0, 0) = 0
+        alpha = _F32(self.alpha)
+        sigma = np.sqrt(n)                      # sqrt(n_old)
+        tmp = np.multiply(grads, grads)
+        np.add(n, tmp, out=n)
+        np.sqrt(n, out=tmp)                     # sqrt(n_new)
+        np.subtract(tmp, sigma, out=sigma)
+        np.divide(sigma, alpha, out=sigma)
+        np.multiply(sigma, rows, out=sigma)     # sigma * w
+        np.subtract(grads, sigma, out=sigma)
+        np.add(z, sigma, out=z)
+        # -denominator = -((beta + sqrt(n)) / alpha + l2); negating is exact, so w = num / -den.
+        np.add(tmp, _F32(self.beta), out=tmp)
+        np.divide(tmp, alpha, out=tmp)
+        if self.l2:
+            np.add(tmp, _F32(self.l2), out=tmp)
+        np.negative(tmp, out=tmp)
+        if self.l1:
+            # z - sign(z) * l1 for |z| > l1, else 0: sign(z) * max(|z| - l1, 0).
+            num = np.abs(z, out=sigma)
+            np.subtract(num, _F32(self.l1), out=num)
+            np.maximum(num, _F32(0.0), out=num)
+            np.copysign(num, z, out=num)
+            np.divide(num, tmp, out=rows)
+        else:
+            np.divide(z, tmp, out=rows)
+
+
+def _reset_fresh(array: np.ndarray, steps: np.ndarray, value: float) -> None:
+    """Set the rows that never had an update (steps == 0) to ``value``."""
+    fresh = steps == 0
+    if fresh.any():
+        array[fresh] = value
+
+
+# ------------------------------------------------------------------------------- make_rule
+
+_BUILTINS: dict[str, type] = {"sgd": SGD, "adagrad": Adagrad, "adam": Adam, "ftrl": FTRL}
+
+
+def make_rule(spec: str, **hyper: float) -> UpdateRule:
+    """The update rule a job config names (``pservers.optimizer``), built with ``hyper``.
+
+    Args:
+        spec: ``"sgd"``, ``"adagrad"``, ``"adam"``, ``"ftrl"``, or ``"module.path:callable"``
+            for a user rule: ``callable(**hyper)`` must return an ``UpdateRule``.
+        **hyper: hyperparameters. ``lr`` is accepted by every built-in (FTRL takes it as
+            ``alpha``), so the job's single ``train.learning_rate`` works with all of them.
+
+    Raises:
+        UpdateRuleError: unknown name, malformed spec, a module that cannot be imported, a
+            missing or non-callable attribute, hyperparameters the rule does not take or
+            refuses, or an object that is not an UpdateRule. The message starts with the spec.
+    """
+    if not isinstance(spec, str):
+        raise UpdateRuleError(f"optimizer spec must be a string, got {spec!r}")
+    builtin = _BUILTINS.get(spec)
+    if builtin is not None:
+        return _make_builtin(spec, builtin, hyper)
+    if not _REF.fullmatch(spec):
+        raise UpdateRuleError(f"{spec}: unknown optimizer; use one of {', '.join(_BUILTINS)} "
+                              "or a 'module.path:callable' reference")
+    factory = _resolve(spec)
+    try:
+        inspect.signature(factory).bind(**hyper)
+    except TypeError as exc:
+        raise UpdateRuleError(
+            f"{spec}: does not take hyperparameters {sorted(hyper)}: {exc}") from exc
+    except ValueError:
+        pass  # no introspectable signature (a C callable): let the call decide
+    try:
+        rule = factory(**hyper)
+    except (TypeError, ValueError) as exc:
+        raise UpdateRuleError(f"{spec}: refused hyperparameters {hyper}: {exc}") from exc
+    _check_rule(spec, rule)
+    return rule
+
+
+def _make_builtin(spec: str, cls: type, hyper: dict[str, float]) -> UpdateRule:
+    hyper = dict(hyper)
+    if cls is FTRL and "lr" in hyper:
+        if "alpha" in hyper:
+            raise UpdateRuleError(f"{spec}: give lr or alpha, not both (lr is alpha for FTRL)")
+        hyper["alpha"] = hyper.pop("lr")
+    fields = dataclasses.fields(cls)
+    names = {f.name for f in fields}
+    accepted = sorted(names | ({"lr"} if cls is FTRL else set()))
+    for key in hyper:
+        if key not in names:
+            raise UpdateRuleError(f"{spec}: {key}: unknown hyperparameter; takes "
+                                  f"{', '.join(accepted)}")
+    for f in fields:
+        if f.default is dataclasses.MISSING and f.name not in hyper:
+            missing = "lr (or alpha)" if cls is FTRL else f.name
+            raise UpdateRuleError(f"{spec}: {missing}: required")
+    return cls(**hyper)
+
+
+def _resolve(spec: str) -> Callable[..., object]:
+    module_name, _, attr_path = spec.partition(":")
+    try:
+        target: object = importlib.import_module(module_name)
+    except Exception as exc:  # any failure while importing user code is the spec's fault
+        raise UpdateRuleError(f"{spec}: cannot import module {module_name!r} "
+                              f"({type(exc).__name__}: {exc})") from exc
+    for part in attr_path.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError as exc:
+            raise UpdateRuleError(
+                f"{spec}: {module_name!r} has no attribute {attr_path!r}") from exc
+    if not callable(target):
+        raise UpdateRuleError(f"{spec}: {attr_path!r} is not callable")
+    return target
+
+
+def _check_rule(spec: str, rule: object) -> None:
+    missing = [a for a in ("name", "state_names", "apply") if not hasattr(rule, a)]
+    if missing:
+        raise UpdateRuleError(f"{spec}: returned {type(rule).__name__}, which has no "
+                              f"{', '.join(missing)}; an update rule needs name, state_names "
+                              "and apply (pserver.optimizers.UpdateRule)")
+    name, state_names = getattr(rule, "name"), getattr(rule, "state_names")
+    if not isinstance(name, str) or not name:
+        raise UpdateRuleError(f"{spec}: name must be a non-empty string, got {name!r}")
+    if (not isinstance(state_names, tuple) or not all(isinstance(s, str) and s for s in state_names)
+            or len(set(state_names)) != len(state_names)):
+        raise UpdateRuleError(f"{spec}: state_names must be a tuple of distinct non-empty "
+                              f"strings, got {state_names!r}")
+    if not callable(getattr(rule, "apply")):
+        raise UpdateRuleError(f"{spec}: apply is not callable")
