@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pserver.optimizers import UpdateRule
 from pserver.sharding import mix64, name_salt
 
 _EMPTY = np.uint64(0)  # slot marker in `_keys`; real ids are stored as id + 1 (see _slot_key)
@@ -129,6 +130,25 @@ class RowTable:
             rows[missing] = new_rows
         return rows
 
+    def apply(self, ids: np.ndarray, grads: np.ndarray, rule: UpdateRule) -> np.ndarray:
+        """Apply one gradient row per distinct id; returns the table rows touched.
+
+        Gather and scatter go through one-item-per-row views (np.take / np.put copy whole rows
+        at once): 2-d fancy indexing was the slow half of every batch (docs/optimizers.md).
+        """
+        rows = self.rows_for(ids)
+        n, dim = len(rows), self.dim
+        values = np.take(row_view(self.values), rows).view(np.float32).reshape(n, dim)
+        state = {name: np.take(row_view(arr), rows).view(np.float32).reshape(n, dim)
+                 for name, arr in self.state.items()}
+        steps = np.take(self.steps, rows)
+        rule.apply(values, grads, state, steps)
+        np.put(row_view(self.values), rows, row_view(values))
+        for name, arr in self.state.items():
+            np.put(row_view(arr), rows, row_view(state[name]))
+        np.put(self.steps, rows, steps + 1)
+        return rows
+
     def _reserve(self, needed: int) -> None:
         capacity = len(self.ids)
         if needed <= capacity:
@@ -138,6 +158,11 @@ class RowTable:
         self.values = _grow(self.values, grown)
         self.steps = _grow(self.steps, grown)
         self.state = {n: _grow(a, grown) for n, a in self.state.items()}
+
+
+def row_view(table: np.ndarray) -> np.ndarray:
+    """A C-contiguous (rows, dim) array as a 1-d array of opaque rows (one void item per row)."""
+    return table.view(np.dtype((np.void, table.shape[1] * table.itemsize))).reshape(len(table))
 
 
 def _grow(array: np.ndarray, rows: int) -> np.ndarray:

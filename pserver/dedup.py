@@ -1,0 +1,92 @@
+"""Which gradient deltas a shard has applied: `(task_id, seq)` exactly once, in bounded memory.
+
+Why a max per task is enough: a trainer cuts a task into deterministic push groups numbered
+0, 1, 2, … and commits them in order through one transactional producer, so every attempt of
+a task delivers its groups to a shard in increasing `seq` (a shard may get no delta for some
+group). The applied seqs of a task are therefore exactly those up to the highest applied one:
+a delta is new iff its seq is above that. A re-run attempt, or a zombie resuming after its
+task was requeued, repeats seqs already applied and is dropped.
+
+Why memory stays bounded: once the master's watermark for a partition has passed a task, the
+task is complete and no delta of it can be new. The shard folds the per-task entries below the
+watermark away, but only after it has consumed everything that was committed when it read the
+watermark (a trainer commits its last delta before it completes the task, so that is enough:
+folding earlier could drop a delta still in flight).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from schemas import TaskRecord
+
+Partition = tuple[str, int]
+
+
+@dataclass
+class _PartitionLedger:
+    pass_no: int = 0
+    watermark: int = 0  # every task of this pass starting below it is fully applied
+    max_seq: dict[int, int] = field(default_factory=dict)  # task start -> highest applied seq
+
+
+class Dedup:
+    def __init__(self) -> None:
+        self._ledgers: dict[Partition, _PartitionLedger] = {}
+        self.dropped = 0
+
+    def admit(self, task_id: str, seq: int) -> bool:
+        """True (and recorded) if this delta is new; False for a duplicate or a stale one."""
+        task = TaskRecord.parse_id(task_id)
+        ledger = self._ledgers.setdefault((task.topic, task.partition), _PartitionLedger())
+        if task.pass_no < ledger.pass_no or (task.pass_no == ledger.pass_no and task.start < ledger.watermark):
+            self.dropped += 1
+            return False
+        if task.pass_no > ledger.pass_no:
+            # The partition moved on to a new pass: the old pass is complete.
+            ledger.pass_no, ledger.watermark, ledger.max_seq = task.pass_no, 0, {}
+        if seq <= ledger.max_seq.get(task.start, -1):
+            self.dropped += 1
+            return False
+        ledger.max_seq[task.start] = seq
+        return True
+
+    def fold(self, watermarks: dict[Partition, tuple[int, int]]) -> None:
+        """Forget tasks below the master's watermarks: {(topic, partition): (pass_no, trained)}.
+
+        Call only once everything committed before the watermarks were read is consumed.
+        """
+        for tp, (pass_no, trained) in watermarks.items():
+            ledger = self._ledgers.setdefault(tp, _PartitionLedger())
+            if pass_no < ledger.pass_no:
+                continue
+            if pass_no > ledger.pass_no:
+                ledger.pass_no, ledger.max_seq = pass_no, {}
+                ledger.watermark = 0
+            ledger.watermark = max(ledger.watermark, trained)
+            ledger.max_seq = {s: q for s, q in ledger.max_seq.items() if s >= ledger.watermark}
+
+    @property
+    def entries(self) -> int:
+        return sum(len(l.max_seq) for l in self._ledgers.values())
+
+    def to_json(self) -> bytes:
+        """For the checkpoint: replaying the gradient topic from the checkpoint's offsets must
+        drop exactly what the shard had dropped."""
+        return json.dumps({"v": 1, "dropped": self.dropped, "partitions": [
+            {"topic": t, "partition": p, "pass_no": l.pass_no, "watermark": l.watermark,
+             "max_seq": [[s, q] for s, q in sorted(l.max_seq.items())]}
+            for (t, p), l in sorted(self._ledgers.items())]}, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Dedup:
+        doc = json.loads(data)
+        if doc.get("v") != 1:
+            raise ValueError(f"dedup state: unknown version {doc.get('v')!r}")
+        dedup = cls()
+        dedup.dropped = int(doc["dropped"])
+        for p in doc["partitions"]:
+            dedup._ledgers[(p["topic"], int(p["partition"]))] = _PartitionLedger(
+                int(p["pass_no"]), int(p["watermark"]), {int(s): int(q) for s, q in p["max_seq"]})
+        return dedup

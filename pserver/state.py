@@ -1,0 +1,108 @@
+"""A shard's parameters in memory: sparse tables and dense blocks, the update rule, dedup.
+
+`ShardState.apply(delta)` is the whole of "apply a gradient": admit it once by `(task_id,
+seq)`, then run the rule over every sparse table and dense block it touches. What changed is
+returned so the publisher writes only those rows and blocks to Redis.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pserver.dedup import Dedup
+from pserver.optimizers import UpdateRule
+from pserver.rows import RowTable, initial_rows
+from schemas import GradientDelta
+
+
+class BadDeltaError(ValueError):
+    """A delta that decodes but cannot apply here (wrong row width, wrong block length)."""
+
+
+@dataclass
+class DenseBlock:
+    values: np.ndarray  # (1, length) float32
+    state: dict[str, np.ndarray]
+    steps: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
+
+
+@dataclass
+class Changes:
+    rows: dict[str, np.ndarray] = field(default_factory=dict)  # table -> ids
+    blocks: set[tuple[str, int]] = field(default_factory=set)
+
+
+class ShardState:
+    def __init__(self, rule: UpdateRule, init_scale: float = 0.01) -> None:
+        self.rule = rule
+        self.init_scale = init_scale
+        self.tables: dict[str, RowTable] = {}
+        self.dense: dict[tuple[str, int], DenseBlock] = {}
+        self.dedup = Dedup()
+        self.examples = Counter()  # task_id -> examples applied, for exactly-once accounting
+
+    def apply(self, delta: GradientDelta) -> Changes | None:
+        """Apply a delta once; None if it was a duplicate (counted in `dedup.dropped`).
+
+        Raises:
+            BadDeltaError: the delta does not fit the parameters here; nothing was applied.
+        """
+        self._check(delta)
+        if not self.dedup.admit(delta.task_id, delta.seq):
+            return None
+        changes = Changes()
+        for part in delta.sparse:
+            ids, grads = _distinct(part.ids, part.values)
+            self._table(part.table, part.dim).apply(ids, grads, self.rule)
+            changes.rows[part.table] = ids
+        for piece in delta.dense:
+            block = self._block(piece.param, piece.block, len(piece.values))
+            self.rule.apply(block.values, piece.values.reshape(1, -1).astype(np.float32, copy=False),
+                            block.state, block.steps)
+            block.steps += 1
+            changes.blocks.add((piece.param, piece.block))
+        self.examples[delta.task_id] += delta.examples
+        return changes
+
+    def _check(self, delta: GradientDelta) -> None:
+        for part in delta.sparse:
+            table = self.tables.get(part.table)
+            if table is not None and table.dim != part.dim:
+                raise BadDeltaError(f"table {part.table!r} has rows of {table.dim}, delta has {part.dim}")
+        for piece in delta.dense:
+            if piece.offset != 0:
+                raise BadDeltaError(f"dense {piece.param}[{piece.block}]: partial blocks are not "
+                                    f"supported (offset {piece.offset})")
+            block = self.dense.get((piece.param, piece.block))
+            if block is not None and block.values.shape[1] != len(piece.values):
+                raise BadDeltaError(f"dense {piece.param}[{piece.block}] has {block.values.shape[1]} "
+                                    f"values, delta has {len(piece.values)}")
+
+    def _table(self, name: str, dim: int) -> RowTable:
+        table = self.tables.get(name)
+        if table is None:
+            table = self.tables[name] = RowTable(name, dim, self.rule.state_names, self.init_scale)
+        return table
+
+    def _block(self, param: str, block: int, length: int) -> DenseBlock:
+        found = self.dense.get((param, block))
+        if found is None:
+            # Deterministic like sparse rows, so a block is the same in every process until
+            # trained; the trainer's own initialisation of dense layers is future work.
+            values = initial_rows(f"{param}#{block}", np.zeros(1, dtype=np.uint64), length, self.init_scale)
+            found = self.dense[(param, block)] = DenseBlock(
+                values, {n: np.zeros((1, length), dtype=np.float32) for n in self.rule.state_names})
+        return found
+
+
+def _distinct(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Trainers send each id once per delta; if one did not, its gradients are summed."""
+    unique, inverse = np.unique(ids, return_inverse=True)
+    if len(unique) == len(ids):
+        return ids, grads.astype(np.float32, copy=False)
+    summed = np.zeros((len(unique), grads.shape[1]), dtype=np.float32)
+    np.add.at(summed, inverse, grads)
+    return unique, summed

@@ -1,0 +1,74 @@
+"""Applying gradient deltas to a shard's parameters."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pserver.optimizers import Adagrad
+from pserver.rows import initial_rows
+from pserver.state import BadDeltaError, ShardState
+from schemas import DenseSlice, GradientDelta, SparseRows, TaskRecord
+
+
+def delta(seq: int, ids, grads, task_start: int = 0, dense=()) -> GradientDelta:
+    return GradientDelta(task_id=TaskRecord.make_id("clicks", 0, task_start), seq=seq, trainer_id="t",
+                         shard=0, step=seq, examples=10,
+                         sparse=(SparseRows("user", np.array(ids, dtype=np.uint64),
+                                            np.array(grads, dtype=np.float32)),),
+                         dense=dense)
+
+
+def reference_adagrad(p: np.ndarray, grads: list[np.ndarray], lr: float) -> np.ndarray:
+    acc = np.zeros_like(p, dtype=np.float64)
+    p = p.astype(np.float64)
+    for g in grads:
+        acc += g.astype(np.float64) ** 2
+        p -= lr * g / (np.sqrt(acc) + 1e-10)
+    return p
+
+
+def test_rows_follow_the_rule_from_their_deterministic_initial_values() -> None:
+    state = ShardState(Adagrad(lr=0.1))
+    rng = np.random.default_rng(1)
+    grads = [rng.standard_normal((3, 4)).astype(np.float32) for _ in range(5)]
+    for seq, g in enumerate(grads):
+        state.apply(delta(seq, [5, 9, 2], g))
+    start = initial_rows("user", np.array([5, 9, 2], dtype=np.uint64), 4, 0.01)
+    expected = reference_adagrad(start, grads, 0.1)
+    table = state.tables["user"]
+    got = table.values[table.rows_for(np.array([5, 9, 2], dtype=np.uint64))]
+    assert np.allclose(got, expected, atol=1e-6)
+
+
+def test_duplicate_delta_is_dropped_and_counted_once() -> None:
+    state = ShardState(Adagrad(lr=0.1))
+    assert state.apply(delta(0, [1], [[1.0, 1.0]])) is not None
+    before = state.tables["user"].values.copy()
+    assert state.apply(delta(0, [1], [[1.0, 1.0]])) is None
+    assert np.array_equal(before, state.tables["user"].values)
+    assert state.dedup.dropped == 1
+    assert state.examples[TaskRecord.make_id("clicks", 0, 0)] == 10
+
+
+def test_repeated_ids_in_one_delta_are_summed() -> None:
+    a, b = ShardState(Adagrad(lr=0.1)), ShardState(Adagrad(lr=0.1))
+    a.apply(delta(0, [7, 7], [[1.0], [2.0]]))
+    b.apply(delta(0, [7], [[3.0]]))
+    assert np.array_equal(a.tables["user"].values[:1], b.tables["user"].values[:1])
+
+
+def test_dense_blocks_update_and_report_changes() -> None:
+    state = ShardState(Adagrad(lr=0.1))
+    piece = DenseSlice("fc.weight", 0, 0, np.ones(6, dtype=np.float32))
+    changes = state.apply(delta(0, [1], [[0.0]], dense=(piece,)))
+    assert changes.blocks == {("fc.weight", 0)} and np.array_equal(changes.rows["user"], [1])
+    assert state.dense[("fc.weight", 0)].steps[0] == 1
+
+
+def test_a_delta_with_the_wrong_row_width_is_refused_without_side_effects() -> None:
+    state = ShardState(Adagrad(lr=0.1))
+    state.apply(delta(0, [1], [[1.0, 2.0]]))
+    with pytest.raises(BadDeltaError, match="rows of 2"):
+        state.apply(delta(1, [1], [[1.0, 2.0, 3.0]]))
+    assert state.apply(delta(1, [1], [[1.0, 2.0]])) is not None  # seq 1 was not consumed
