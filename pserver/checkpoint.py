@@ -1,0 +1,177 @@
+"""Shard checkpoints through pyarrow's filesystem layer: a local directory by default, any URI
+pyarrow supports (s3://, hdfs://, gs://) by config.
+
+Layout under `<checkpoint_uri>/shard-<i>/<checkpoint_id>/`: one .npy file per array (ids,
+values, steps and every optimizer state array of each table; dense blocks), `dedup.json`, and
+`MANIFEST.json` written last with every file's size and sha256. A checkpoint counts only once
+its manifest exists and its files match it, so a crash mid-write leaves an ignored directory,
+never a torn checkpoint. Older checkpoints are deleted only after the new manifest is written
+(Paddle's pserver deleted first; we do not). Ids sort by time, so the newest complete one wins.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow.fs as pafs
+
+from pserver.dedup import Dedup
+from pserver.optimizers import UpdateRule
+from pserver.rows import RowTable
+from pserver.state import DenseBlock, ShardState
+from schemas import CheckpointManifest, FileEntry, SchemaError
+
+MANIFEST = "MANIFEST.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written, or none that exists is readable."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """The newest checkpoint was written for another optimizer: starting fresh would silently
+    throw the trained parameters away, so the shard refuses to start."""
+
+
+@dataclass(frozen=True)
+class Restored:
+    state: ShardState
+    manifest: CheckpointManifest
+
+
+class CheckpointStore:
+    def __init__(self, uri: str, job: str, shard: int, keep: int = 3) -> None:
+        try:
+            self.fs, root = pafs.FileSystem.from_uri(uri)
+        except (ValueError, OSError) as exc:
+            raise CheckpointError(f"checkpoint_uri {uri!r}: {exc}") from exc
+        self.root = f"{root.rstrip('/')}/shard-{shard}"
+        self.job, self.shard, self.keep = job, shard, keep
+
+    # -- writing -------------------------------------------------------------------------
+    def save(self, state: ShardState, grad_offsets: dict[str, int], input_watermarks: dict[str, int],
+             slots: tuple[int, ...]) -> CheckpointManifest:
+        checkpoint_id = f"{time.time_ns():020d}"
+        directory = f"{self.root}/{checkpoint_id}"
+        self.fs.create_dir(directory, recursive=True)
+        files = [self._write(directory, name, blob) for name, blob in _snapshot(state).items()]
+        manifest = CheckpointManifest(checkpoint_id, self.job, self.shard, time.time(), state.rule.name,
+                                      tuple(files), grad_offsets, input_watermarks, slots)
+        self._write(directory, MANIFEST + ".tmp", manifest.to_json())
+        # The rename is the commit point (atomic on local and HDFS filesystems; object stores
+        # have no partial objects, so a missing manifest is the only failure they show).
+        self.fs.move(f"{directory}/{MANIFEST}.tmp", f"{directory}/{MANIFEST}")
+        self._prune()
+        return manifest
+
+    def _write(self, directory: str, name: str, blob: bytes) -> FileEntry:
+        with self.fs.open_output_stream(f"{directory}/{name}") as out:
+            out.write(blob)
+        return FileEntry(name, len(blob), hashlib.sha256(blob).hexdigest())
+
+    def _prune(self) -> None:
+        complete = self._complete_ids()
+        for old in complete[: max(0, len(complete) - self.keep)]:
+            self.fs.delete_dir(f"{self.root}/{old}")
+
+    # -- reading -------------------------------------------------------------------------
+    def _complete_ids(self) -> list[str]:
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
+        except OSError as exc:
+            raise CheckpointError(f"cannot list {self.root}: {exc}") from exc
+        ids = sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+        return [c for c in ids
+                if self.fs.get_file_info(f"{self.root}/{c}/{MANIFEST}").type == pafs.FileType.File]
+
+    def load_latest(self, rule: UpdateRule) -> Restored | None:
+        """The newest checkpoint whose files match its manifest; None if there is none yet."""
+        for checkpoint_id in reversed(self._complete_ids()):
+            try:
+                return self._load(checkpoint_id, rule)
+            except CheckpointMismatchError:
+                raise
+            except (CheckpointError, SchemaError, OSError, ValueError):
+                continue  # damaged: fall back to the one before
+        return None
+
+    def _load(self, checkpoint_id: str, rule: UpdateRule) -> Restored:
+        directory = f"{self.root}/{checkpoint_id}"
+        manifest = CheckpointManifest.from_json(self._read(f"{directory}/{MANIFEST}"))
+        if manifest.optimizer != rule.name:
+            raise CheckpointMismatchError(
+                f"checkpoint {checkpoint_id} of shard {self.shard} was written by optimizer "
+                f"{manifest.optimizer!r}; the job now uses {rule.name!r}")
+        blobs = {}
+        for entry in manifest.files:
+            blob = self._read(f"{directory}/{entry.path}")
+            if len(blob) != entry.size or hashlib.sha256(blob).hexdigest() != entry.sha256:
+                raise CheckpointError(f"{directory}/{entry.path} does not match its manifest")
+            blobs[entry.path] = blob
+        return Restored(_restore(blobs, rule), manifest)
+
+    def _read(self, path: str) -> bytes:
+        with self.fs.open_input_stream(path) as f:
+            return f.read()
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
+def _load_npy(blob: bytes) -> np.ndarray:
+    return np.load(io.BytesIO(blob), allow_pickle=False)
+
+
+def _snapshot(state: ShardState) -> dict[str, bytes]:
+    index = {"v": 1, "tables": {}, "dense": []}
+    files: dict[str, bytes] = {}
+    for t, (name, table) in enumerate(sorted(state.tables.items())):
+        n = table.size
+        index["tables"][name] = {"dim": table.dim, "file": f"table{t}"}
+        files[f"table{t}.ids.npy"] = _npy(table.ids[:n])
+        files[f"table{t}.values.npy"] = _npy(table.values[:n])
+        files[f"table{t}.steps.npy"] = _npy(table.steps[:n])
+        for s, arr in table.state.items():
+            files[f"table{t}.state.{s}.npy"] = _npy(arr[:n])
+    for b, ((param, block), dense) in enumerate(sorted(state.dense.items())):
+        index["dense"].append({"param": param, "block": block, "file": f"dense{b}"})
+        files[f"dense{b}.values.npy"] = _npy(dense.values)
+        files[f"dense{b}.steps.npy"] = _npy(dense.steps)
+        for s, arr in dense.state.items():
+            files[f"dense{b}.state.{s}.npy"] = _npy(arr)
+    files["dedup.json"] = state.dedup.to_json()
+    files["examples.json"] = json.dumps(dict(state.examples)).encode()
+    files["index.json"] = json.dumps(index).encode()
+    return files
+
+
+def _restore(blobs: dict[str, bytes], rule: UpdateRule) -> ShardState:
+    index = json.loads(blobs["index.json"])
+    state = ShardState(rule)
+    for name, meta in index["tables"].items():
+        f = meta["file"]
+        ids = _load_npy(blobs[f"{f}.ids.npy"])
+        table = RowTable(name, meta["dim"], rule.state_names, state.init_scale, capacity=max(len(ids), 16))
+        rows = table.rows_for(ids)  # same ids -> rows 0..n-1 in order
+        table.values[rows] = _load_npy(blobs[f"{f}.values.npy"])
+        table.steps[rows] = _load_npy(blobs[f"{f}.steps.npy"])
+        for s in rule.state_names:
+            table.state[s][rows] = _load_npy(blobs[f"{f}.state.{s}.npy"])
+        state.tables[name] = table
+    for meta in index["dense"]:
+        f = meta["file"]
+        state.dense[(meta["param"], meta["block"])] = DenseBlock(
+            _load_npy(blobs[f"{f}.values.npy"]),
+            {s: _load_npy(blobs[f"{f}.state.{s}.npy"]) for s in rule.state_names},
+            _load_npy(blobs[f"{f}.steps.npy"]))
+    state.dedup = Dedup.from_json(blobs["dedup.json"])
+    state.examples.update(json.loads(blobs["examples.json"]))
+    return state

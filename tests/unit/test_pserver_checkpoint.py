@@ -1,0 +1,80 @@
+"""Checkpoints: exact round trip, atomic publication, pruning, damaged ones skipped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pserver.checkpoint import MANIFEST, CheckpointError, CheckpointMismatchError, CheckpointStore
+from pserver.optimizers import Adagrad, Adam
+from pserver.state import ShardState
+from schemas import DenseSlice, GradientDelta, SparseRows, TaskRecord
+
+
+def trained(steps: int = 3) -> ShardState:
+    state = ShardState(Adam(lr=0.01))
+    rng = np.random.default_rng(0)
+    for seq in range(steps):
+        ids = np.unique(rng.integers(0, 500, 64).astype(np.uint64))
+        state.apply(GradientDelta(TaskRecord.make_id("in", 0, 0), seq, "t", 0, seq, 5,
+                                  sparse=(SparseRows("user", ids, rng.standard_normal((len(ids), 4)).astype(np.float32)),),
+                                  dense=(DenseSlice("fc", 0, 0, rng.standard_normal(6).astype(np.float32)),)))
+    return state
+
+
+def store(tmp_path: Path, keep: int = 3) -> CheckpointStore:
+    return CheckpointStore(tmp_path.as_uri(), "job", 1, keep=keep)
+
+
+def test_round_trip_restores_every_array_dedup_and_offsets(tmp_path: Path) -> None:
+    state = trained()
+    manifest = store(tmp_path).save(state, {"job.grad.1": 42}, {"in:0": 7}, (1, 3))
+    restored = store(tmp_path).load_latest(Adam(lr=0.01))
+    assert restored.manifest == manifest and restored.manifest.grad_offsets == {"job.grad.1": 42}
+    a, b = state.tables["user"], restored.state.tables["user"]
+    ids = a.ids[: a.size]
+    ra, rb = a.index.lookup(ids), b.index.lookup(ids)
+    for name in ("exp_avg", "exp_avg_sq"):
+        assert np.array_equal(a.state[name][ra], b.state[name][rb])
+    assert np.array_equal(a.values[ra], b.values[rb]) and np.array_equal(a.steps[ra], b.steps[rb])
+    assert np.array_equal(state.dense[("fc", 0)].values, restored.state.dense[("fc", 0)].values)
+    assert restored.state.dedup.to_json() == state.dedup.to_json()
+    assert restored.state.examples == state.examples
+
+
+def test_a_checkpoint_without_its_manifest_is_ignored(tmp_path: Path) -> None:
+    s = store(tmp_path)
+    first = s.save(trained(1), {"g": 1}, {}, ())
+    second = s.save(trained(2), {"g": 2}, {}, ())
+    (tmp_path / "shard-1" / second.checkpoint_id / MANIFEST).unlink()  # died before publishing
+    assert s.load_latest(Adam(lr=0.01)).manifest.checkpoint_id == first.checkpoint_id
+
+
+def test_a_damaged_file_falls_back_to_the_previous_checkpoint(tmp_path: Path) -> None:
+    s = store(tmp_path)
+    first = s.save(trained(1), {"g": 1}, {}, ())
+    second = s.save(trained(2), {"g": 2}, {}, ())
+    victim = tmp_path / "shard-1" / second.checkpoint_id / "dedup.json"
+    victim.write_bytes(b"{}")
+    assert s.load_latest(Adam(lr=0.01)).manifest.checkpoint_id == first.checkpoint_id
+
+
+def test_only_the_newest_k_are_kept(tmp_path: Path) -> None:
+    s = store(tmp_path, keep=2)
+    ids = [s.save(trained(1), {"g": i}, {}, ()).checkpoint_id for i in range(4)]
+    assert sorted(p.name for p in (tmp_path / "shard-1").iterdir()) == ids[2:]
+
+
+def test_nothing_to_load_is_none_and_a_changed_optimizer_is_refused(tmp_path: Path) -> None:
+    s = store(tmp_path)
+    assert s.load_latest(Adam(lr=0.01)) is None
+    s.save(trained(1), {"g": 1}, {}, ())
+    with pytest.raises(CheckpointMismatchError, match="adam"):
+        s.load_latest(Adagrad(lr=0.01))
+
+
+def test_unsupported_uri_is_a_clear_error() -> None:
+    with pytest.raises(CheckpointError, match="checkpoint_uri"):
+        CheckpointStore("nosuchscheme://x", "job", 0)
