@@ -194,5 +194,10 @@ def job_status_cmd(
         console.print(f"[red]failed[/red] {task.task_id} [{task.start}, {task.end}): {task.reason}")
 
 
+from producers.cli import join_cmd, produce_app  # noqa: E402  (registered last: optional heavy imports stay lazy)
+app.add_typer(produce_app, name="produce")
+app.command("join")(join_cmd)
+
+
 def main() -> None:
     app()
