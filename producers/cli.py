@@ -95,6 +95,40 @@ def synthetic_cmd(
                f"clicks dropped {stats.clicks_dropped}")
 
 
+@produce_app.command("file")
+def file_cmd(
+    path: Annotated[Path, typer.Argument(help="CSV, Parquet or JSON-lines file.", show_default=False)],
+    topic: Annotated[str, typer.Option("--topic", help="Topic to write the rows to.")],
+    rate: RateOpt = 0.0,
+    loop: Annotated[bool, typer.Option("--loop", help="Start over at the end, until stopped.")] = False,
+    fmt: Annotated[Optional[str], typer.Option(
+        "--format", help="csv, parquet or jsonl (default: from the suffix).", show_default=False)] = None,
+    value: Annotated[str, typer.Option("--value", help="Record value: json (an object per row) or csv (the line).")] = "json",
+    key: Annotated[Optional[str], typer.Option(
+        "--key", help="Column whose value becomes the record key (default: no key).", show_default=False)] = None,
+    partitions: PartitionsOpt = 1,
+) -> None:
+    """Replay a file onto a topic, one record per row, streaming in batches."""
+    from infra import Endpoints
+    from infra.clients import TopicSpec, ensure_topics
+    from producers.errors import ProducerError
+    from producers.replay import FileReplay, ReplayConfig
+    from producers.sink import KafkaSink
+
+    try:
+        config = ReplayConfig(path, topic, format=fmt, rate=rate, loop=loop, value=value, key_column=key)
+    except ValueError as exc:
+        raise _fail(str(exc), 2) from exc
+    endpoints = Endpoints.resolve()
+    stop = _stop_on_signals()
+    try:
+        ensure_topics(endpoints, [TopicSpec(topic, partitions)])
+        stats = FileReplay(config, KafkaSink(endpoints.kafka)).run(stop)
+    except ProducerError as exc:
+        raise _fail(str(exc)) from exc
+    typer.echo(f"rows {stats.rows}  passes {stats.passes}")
+
+
 def join_cmd(
     impressions: Annotated[str, typer.Option("--impressions", help="Topic of impressions.")] = "impressions",
     clicks: Annotated[str, typer.Option("--clicks", help="Topic of clicks.")] = "clicks",
