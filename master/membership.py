@@ -45,23 +45,26 @@ def register_trainer(etcd: Etcd, job: str, trainer_id: str, ttl_s: int = 10) -> 
 
 
 def register_pserver(etcd: Etcd, job: str, address: str, ttl_s: int = 10,
-                     wait_s: float = 0.0) -> tuple[int, Lease]:
-    """Take the first free pserver index below ps_desired. Waits up to `wait_s` for one to
-    free up (a restarted shard whose old lease has not expired yet)."""
+                     wait_s: float = 0.0, index: int | None = None) -> tuple[int, Lease]:
+    """Take the first free pserver index below ps_desired, or exactly `index`. Waits up to
+    `wait_s` for one to free up (a restarted shard whose old lease has not expired yet)."""
     keys = EtcdKeys(job)
     deadline = time.monotonic() + wait_s
     while True:
         desired_entry = etcd.get(keys.ps_desired)
         desired = int(desired_entry.value) if desired_entry else 0
+        if index is not None and not 0 <= index < desired:
+            raise NoFreeIndexError(f"pserver index {index} is outside job {job!r}'s {desired} shards")
         lease = etcd.lease(ttl_s)
-        for index in range(desired):
-            ok, _ = etcd.txn([absent(keys.ps(index))],
-                             [put_op(keys.ps(index), _member_info({"index": index, "address": address}), lease)])
+        for candidate in ([index] if index is not None else range(desired)):
+            ok, _ = etcd.txn([absent(keys.ps(candidate))],
+                             [put_op(keys.ps(candidate), _member_info({"index": candidate, "address": address}), lease)])
             if ok:
-                return index, lease.keep_alive()
+                return candidate, lease.keep_alive()
         lease.revoke()
         if time.monotonic() >= deadline:
-            raise NoFreeIndexError(f"all {desired} pserver indexes of job {job!r} are taken")
+            taken = f"pserver index {index} is" if index is not None else f"all {desired} pserver indexes are"
+            raise NoFreeIndexError(f"{taken} taken in job {job!r}")
         time.sleep(0.5)
 
 

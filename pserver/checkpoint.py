@@ -38,6 +38,10 @@ class CheckpointMismatchError(CheckpointError):
     throw the trained parameters away, so the shard refuses to start."""
 
 
+def new_checkpoint_id() -> str:
+    return f"{time.time_ns():020d}"
+
+
 @dataclass(frozen=True)
 class Restored:
     state: ShardState
@@ -48,6 +52,7 @@ class CheckpointStore:
     def __init__(self, uri: str, job: str, shard: int, keep: int = 3) -> None:
         try:
             self.fs, root = pafs.FileSystem.from_uri(uri)
+            self.uri = uri
         except (ValueError, OSError) as exc:
             raise CheckpointError(f"checkpoint_uri {uri!r}: {exc}") from exc
         self.root = f"{root.rstrip('/')}/shard-{shard}"
@@ -55,8 +60,10 @@ class CheckpointStore:
 
     # -- writing -------------------------------------------------------------------------
     def save(self, state: ShardState, grad_offsets: dict[str, int], input_watermarks: dict[str, int],
-             slots: tuple[int, ...]) -> CheckpointManifest:
-        checkpoint_id = f"{time.time_ns():020d}"
+             slots: tuple[int, ...], checkpoint_id: str | None = None) -> CheckpointManifest:
+        """Write a checkpoint; `checkpoint_id` names a job-wide one every shard writes on
+        request (ids must sort by time: the newest complete one is loaded on restart)."""
+        checkpoint_id = checkpoint_id or new_checkpoint_id()
         directory = f"{self.root}/{checkpoint_id}"
         self.fs.create_dir(directory, recursive=True)
         files = [self._write(directory, name, blob) for name, blob in _snapshot(state).items()]
@@ -75,12 +82,13 @@ class CheckpointStore:
         return FileEntry(name, len(blob), hashlib.sha256(blob).hexdigest())
 
     def _prune(self) -> None:
-        complete = self._complete_ids()
+        complete = self.complete_ids()
         for old in complete[: max(0, len(complete) - self.keep)]:
             self.fs.delete_dir(f"{self.root}/{old}")
 
     # -- reading -------------------------------------------------------------------------
-    def _complete_ids(self) -> list[str]:
+    def complete_ids(self) -> list[str]:
+        """Ids of the checkpoints with a manifest, oldest first."""
         try:
             infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
         except OSError as exc:
@@ -91,7 +99,7 @@ class CheckpointStore:
 
     def load_latest(self, rule: UpdateRule) -> Restored | None:
         """The newest checkpoint whose files match its manifest; None if there is none yet."""
-        for checkpoint_id in reversed(self._complete_ids()):
+        for checkpoint_id in reversed(self.complete_ids()):
             try:
                 return self._load(checkpoint_id, rule)
             except CheckpointMismatchError:
@@ -148,7 +156,8 @@ def _snapshot(state: ShardState) -> dict[str, bytes]:
         for s, arr in dense.state.items():
             files[f"dense{b}.state.{s}.npy"] = _npy(arr)
     files["dedup.json"] = state.dedup.to_json()
-    files["examples.json"] = json.dumps(dict(state.examples)).encode()
+    files["examples.json"] = json.dumps({"tasks": dict(state.examples),
+                                         "partitions": dict(state.examples_folded)}).encode()
     files["index.json"] = json.dumps(index).encode()
     return files
 
@@ -173,5 +182,7 @@ def _restore(blobs: dict[str, bytes], rule: UpdateRule) -> ShardState:
             {s: _load_npy(blobs[f"{f}.state.{s}.npy"]) for s in rule.state_names},
             _load_npy(blobs[f"{f}.steps.npy"]))
     state.dedup = Dedup.from_json(blobs["dedup.json"])
-    state.examples.update(json.loads(blobs["examples.json"]))
+    examples = json.loads(blobs["examples.json"])
+    state.examples.update(examples["tasks"])
+    state.examples_folded.update(examples["partitions"])
     return state

@@ -67,6 +67,10 @@ class Dedup:
             ledger.watermark = max(ledger.watermark, trained)
             ledger.max_seq = {s: q for s, q in ledger.max_seq.items() if s >= ledger.watermark}
 
+    def watermarks(self) -> dict[str, int]:
+        """{"topic:partition": offset below which every task is applied}, for the manifest."""
+        return {f"{t}:{p}": l.watermark for (t, p), l in sorted(self._ledgers.items())}
+
     @property
     def entries(self) -> int:
         return sum(len(l.max_seq) for l in self._ledgers.values())

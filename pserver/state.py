@@ -15,7 +15,7 @@ import numpy as np
 from pserver.dedup import Dedup
 from pserver.optimizers import UpdateRule
 from pserver.rows import RowTable, initial_rows
-from schemas import GradientDelta
+from schemas import GradientDelta, TaskRecord
 
 
 class BadDeltaError(ValueError):
@@ -42,7 +42,10 @@ class ShardState:
         self.tables: dict[str, RowTable] = {}
         self.dense: dict[tuple[str, int], DenseBlock] = {}
         self.dedup = Dedup()
-        self.examples = Counter()  # task_id -> examples applied, for exactly-once accounting
+        # Examples applied, for exactly-once accounting: per task until the task is folded
+        # below the master's watermark, then per "topic:partition" (bounded memory).
+        self.examples: Counter[str] = Counter()
+        self.examples_folded: Counter[str] = Counter()
 
     def apply(self, delta: GradientDelta) -> Changes | None:
         """Apply a delta once; None if it was a duplicate (counted in `dedup.dropped`).
@@ -66,6 +69,23 @@ class ShardState:
             changes.blocks.add((piece.param, piece.block))
         self.examples[delta.task_id] += delta.examples
         return changes
+
+    def fold(self, watermarks: dict[tuple[str, int], tuple[int, int]]) -> None:
+        """Forget per-task detail below the master's watermarks (see Dedup.fold for when)."""
+        self.dedup.fold(watermarks)
+        for task_id in list(self.examples):
+            task = TaskRecord.parse_id(task_id)
+            mark = watermarks.get((task.topic, task.partition))
+            if mark is not None and (task.pass_no < mark[0] or
+                                     (task.pass_no == mark[0] and task.start < mark[1])):
+                self.examples_folded[f"{task.topic}:{task.partition}"] += self.examples.pop(task_id)
+
+    def examples_by_partition(self) -> dict[str, int]:
+        totals = Counter(self.examples_folded)
+        for task_id, n in self.examples.items():
+            task = TaskRecord.parse_id(task_id)
+            totals[f"{task.topic}:{task.partition}"] += n
+        return dict(totals)
 
     def _check(self, delta: GradientDelta) -> None:
         for part in delta.sparse:

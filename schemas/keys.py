@@ -10,9 +10,9 @@ import numpy as np
 from ._check import U32_MAX, U64_MAX, Check
 
 TaskState = Literal["todo", "pending", "done", "failed"]
-Control = Literal["pause", "refetch"]
+Control = Literal["pause", "refetch", "checkpoint"]
 TASK_STATES: tuple[TaskState, ...] = ("todo", "pending", "done", "failed")
-CONTROLS: tuple[Control, ...] = ("pause", "refetch")
+CONTROLS: tuple[Control, ...] = ("pause", "refetch", "checkpoint")
 
 _job_check = Check("Job")
 _etcd_check = Check("EtcdKeys")
@@ -99,6 +99,10 @@ class EtcdKeys:
         return f"{self.prefix}slots"
 
     @property
+    def checkpoints_prefix(self) -> str:
+        return f"{self.prefix}checkpoints/"
+
+    @property
     def checkpoints_latest(self) -> str:
         return f"{self.prefix}checkpoints/latest"
 
@@ -149,6 +153,10 @@ class RedisKeys:
 
     def version(self, shard: int) -> str:
         return f"{self.prefix}version:{_redis_check.integer('shard', shard, hi=U32_MAX)}"
+
+    def stats(self, shard: int) -> str:
+        """A shard's counters as JSON (applied, dropped duplicates, bad deltas, examples)."""
+        return f"{self.prefix}stats:{_redis_check.integer('shard', shard, hi=U32_MAX)}"
 
     def _row_prefix(self, table: str) -> str:
         return f"{self.prefix}row:{_redis_check.name('table', table)}:"

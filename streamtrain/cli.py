@@ -143,9 +143,7 @@ def master_cmd(
     _setup_logging(verbose)
     config = _load_config(job)
     endpoints = Endpoints.resolve()
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = _stop_on_signals()
     etcd = Etcd.connect(endpoints)
     try:
         Master(etcd, endpoints, config, identity).run(stop)
@@ -157,6 +155,48 @@ def master_cmd(
         raise typer.Exit(1) from exc
     finally:
         etcd.close()
+
+
+@app.command("pserver")
+def pserver_cmd(
+    job: JobOpt,
+    index: Annotated[Optional[int], typer.Option(
+        "--index", help="Shard index to take (default: the first free one).", show_default=False)] = None,
+    checkpoint_every_s: Annotated[Optional[float], typer.Option(
+        "--checkpoint-every-s", help="Override the job's pservers.checkpoint_every_s.",
+        show_default=False)] = None,
+    lease_ttl_s: Annotated[int, typer.Option(
+        "--lease-ttl-s", help="TTL of the shard's membership lease: a killed shard's index is "
+        "free again after this.")] = 10,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Run one parameter-server shard: recover from its newest checkpoint, replay its gradient
+    topic, then apply and serve. Exits 3 if it loses its lease (a supervisor restarts it)."""
+    from master.errors import MasterError
+    from pserver.checkpoint import CheckpointError
+    from pserver.optimizers import UpdateRuleError
+    from pserver.shard import PserverShard, ShardLostError, ShardOptions
+
+    _setup_logging(verbose)
+    stop = _stop_on_signals()
+    shard = PserverShard(Endpoints.resolve(), ShardOptions(
+        _job_name(job), index, lease_ttl_s=lease_ttl_s, checkpoint_every_s=checkpoint_every_s))
+    log = logging.getLogger("streamtrain.pserver")
+    try:
+        shard.run(stop)
+    except ShardLostError as exc:
+        log.error("%s", exc)
+        raise typer.Exit(3) from exc
+    except (MasterError, CheckpointError, UpdateRuleError) as exc:
+        log.error("%s", exc)
+        raise typer.Exit(1) from exc
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
 
 
 @job_app.command("status")

@@ -129,17 +129,15 @@ def start_master(services: Endpoints) -> Iterator[Callable[[JobConfig], MasterTh
         c.close()
 
 
-class MasterProcess:
-    """`streamtrain master` as a real process, for kill and freeze tests."""
+class StreamtrainProcess:
+    """A `streamtrain ...` command as a real process, for kill and freeze tests."""
 
-    def __init__(self, endpoints: Endpoints, job_file: Path, name: str, log_dir: Path) -> None:
+    def __init__(self, endpoints: Endpoints, args: list[str], name: str, log_dir: Path) -> None:
         env = dict(os.environ, STREAMTRAIN_KAFKA=endpoints.kafka, STREAMTRAIN_ETCD=endpoints.etcd,
                    STREAMTRAIN_REDIS=endpoints.redis)
         self.log = log_dir / f"{name}.log"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "streamtrain", "master", "--job", str(job_file), "--identity", name],
-            env=env, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
-        )
+        self.proc = subprocess.Popen([sys.executable, "-m", "streamtrain", *args], env=env,
+                                     stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)
         self.name = name
 
     def kill(self, sig: int = 9) -> None:
@@ -148,6 +146,22 @@ class MasterProcess:
 
     def wait(self, timeout: float = 20) -> int:
         return self.proc.wait(timeout)
+
+
+class MasterProcess(StreamtrainProcess):
+    def __init__(self, endpoints: Endpoints, job_file: Path, name: str, log_dir: Path) -> None:
+        super().__init__(endpoints, ["master", "--job", str(job_file), "--identity", name], name, log_dir)
+
+
+def publish_job(etcd: Etcd, config: JobConfig) -> None:
+    """What a master writes first (config, ps_desired, slot map), for tests that run
+    pservers or trainers without one."""
+    from pserver.sharding import SlotMap
+
+    keys = EtcdKeys(config.name)
+    etcd.put(keys.config, config.to_json())
+    etcd.put(keys.ps_desired, str(config.pservers.count).encode())
+    etcd.put(keys.slots, SlotMap.uniform(config.pservers.slots, config.pservers.count).to_json())
 
 
 def leader_name(etcd: Etcd, job: str) -> str | None:

@@ -1,0 +1,381 @@
+"""The pserver shard process: gradient topic in, update rule applied, Redis out, checkpoints.
+
+Start-up is recovery: take the shard index in etcd, load the newest complete checkpoint, seek
+the gradient topic to the offset it saved, replay up to the last stable offset seen at start
+(publishing nothing meanwhile), then publish every row and block and serve. Replaying is the
+same code path as serving, so a restarted shard ends where an unkilled one would: the same
+deltas in the same total order (one partition per shard topic) through the same dedup ledger.
+
+One thread does everything that touches the state (consume, apply, publish, checkpoint), so a
+checkpoint is always of a state that applied exactly the deltas before its saved offset.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+
+from infra import Endpoints
+from infra.clients import TopicSpec, ensure_topics, redis_client
+from master.config import JobConfig
+from master.errors import MasterError
+from master.etcd import Etcd
+from master.membership import read_job_config, register_pserver
+from master.offsets import InputOffsets
+from pserver.checkpoint import CheckpointStore
+from pserver.optimizers import make_rule
+from pserver.serving import Publisher
+from pserver.sharding import SlotMap
+from pserver.state import BadDeltaError, Changes, ShardState
+from schemas import DeadLetter, EtcdKeys, GradientDelta, PartitionCursor, RedisKeys, SchemaError, Topics
+
+log = logging.getLogger(__name__)
+
+# Gradient topics must keep everything since the oldest kept checkpoint; a week leaves room
+# for a shard that cannot checkpoint for days (its storage down) without losing updates.
+GRAD_RETENTION_MS = 7 * 24 * 3600 * 1000
+
+
+class ShardLostError(MasterError):
+    """The shard's lease expired (frozen or cut off from etcd): another process may hold its
+    index now, so this one must stop; a supervisor restarts it and it recovers."""
+
+
+@dataclass(frozen=True)
+class ShardOptions:
+    job: str
+    index: int | None = None  # None: the first free index
+    lease_ttl_s: int = 10
+    publish_interval_s: float = 0.05  # coalesce changes this long before writing to Redis
+    fold_interval_s: float = 2.0
+    housekeeping_s: float = 1.0  # version-key check, control key, stats
+    checkpoint_every_s: float | None = None  # None: the job's pservers.checkpoint_every_s
+
+
+@dataclass
+class Counters:
+    deltas: int = 0
+    rows: int = 0
+    bad: int = 0
+    publishes: int = 0
+    republished: int = 0
+    checkpoints: int = 0
+
+
+@dataclass
+class _Pending:
+    """Changes applied but not yet in Redis, coalesced across deltas."""
+
+    rows: dict[str, list[np.ndarray]] = field(default_factory=lambda: defaultdict(list))
+    blocks: set[tuple[str, int]] = field(default_factory=set)
+
+    def add(self, changes: Changes) -> None:
+        for table, ids in changes.rows.items():
+            self.rows[table].append(ids)
+        self.blocks |= changes.blocks
+
+    def take(self) -> Changes | None:
+        if not self.rows and not self.blocks:
+            return None
+        changes = Changes({t: np.unique(np.concatenate(parts)) for t, parts in self.rows.items()},
+                          self.blocks)
+        self.rows, self.blocks = defaultdict(list), set()
+        return changes
+
+
+class PserverShard:
+    def __init__(self, endpoints: Endpoints, options: ShardOptions) -> None:
+        self.endpoints = endpoints
+        self.options = options
+        self.keys = EtcdKeys(options.job)
+        self.redis_keys = RedisKeys(options.job)
+        self.counters = Counters()
+        self.index: int | None = None
+        self.state: ShardState | None = None
+        self.next_offset = 0  # next gradient offset to consume: everything before is applied
+        self.serving = False
+        self.checkpoint_id: str | None = None
+        self._pending = _Pending()
+        self._version: int | None = None
+        self._fold: tuple[dict, int] | None = None  # watermarks read, LSO to pass before folding
+
+    # -- life cycle ----------------------------------------------------------------------
+    def run(self, stop: threading.Event, ready: threading.Event | None = None) -> None:
+        """Recover, then serve until `stop`. Raises ShardLostError if the lease is lost."""
+        self.etcd = Etcd.connect(self.endpoints)
+        try:
+            config = self._wait_for_config(stop)
+            if config is None:
+                return
+            self.index, self.lease = register_pserver(
+                self.etcd, self.options.job, f"{socket.gethostname()}:{os.getpid()}",
+                self.options.lease_ttl_s, wait_s=3 * self.options.lease_ttl_s, index=self.options.index)
+            log.info("shard %d of job %s registered", self.index, self.options.job)
+            try:
+                self._serve(config, stop, ready)
+            finally:
+                self.lease.revoke()
+        finally:
+            self.etcd.close()
+
+    def _wait_for_config(self, stop: threading.Event) -> JobConfig | None:
+        while not stop.is_set():
+            try:
+                return read_job_config(self.etcd, self.options.job)
+            except MasterError as exc:
+                log.info("%s; waiting", exc)
+                stop.wait(1.0)
+        return None
+
+    def _serve(self, config: JobConfig, stop: threading.Event, ready: threading.Event | None) -> None:
+        index = self.index
+        topics = Topics(config.name)
+        self.grad_topic = topics.grad(index)
+        self.dlq_topic = topics.dlq
+        ensure_topics(self.endpoints, [
+            TopicSpec(self.grad_topic, 1, {"retention.ms": str(GRAD_RETENTION_MS)}),
+            # Keyed by the bad record's position, so compaction keeps one entry per record even
+            # when a replay dead-letters it again.
+            TopicSpec(self.dlq_topic, 1, {"cleanup.policy": "compact"}),
+        ])
+        slots_entry = self.etcd.get(self.keys.slots)
+        if slots_entry is None:
+            raise MasterError(f"job {config.name!r} has no slot map in etcd: start its master first")
+        self.slot_map = SlotMap.from_json(slots_entry.value)
+        rule = make_rule(config.pservers.optimizer, lr=config.train.learning_rate)
+        self.store = CheckpointStore(config.pservers.checkpoint_uri, config.name, index,
+                                     config.pservers.keep_checkpoints)
+        restored = self.store.load_latest(rule)
+        if restored is None:
+            self.state, self.next_offset = ShardState(rule), 0
+        else:
+            self.state = restored.state
+            self.next_offset = restored.manifest.grad_offsets.get(self.grad_topic, 0)
+            self.checkpoint_id = restored.manifest.checkpoint_id
+            log.info("shard %d: loaded checkpoint %s, replaying %s from offset %d", index,
+                     self.checkpoint_id, self.grad_topic, self.next_offset)
+        self.redis = redis_client(self.endpoints)
+        self.publisher = Publisher(self.redis, config.name, index)
+        self.admin = InputOffsets(self.endpoints)
+        self.consumer = Consumer({
+            "bootstrap.servers": self.endpoints.kafka,
+            "group.id": f"{config.name}.pserver.{index}",  # required by librdkafka; never committed
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 50,
+        })
+        self.dlq = Producer({"bootstrap.servers": self.endpoints.kafka, "enable.idempotence": True,
+                             "linger.ms": 20})
+        every = self.options.checkpoint_every_s or config.pservers.checkpoint_every_s
+        try:
+            self._check_retention()
+            self.consumer.assign([TopicPartition(self.grad_topic, 0, self.next_offset)])
+            self._replay(stop)
+            self._publish_all()
+            self.serving = True
+            log.info("shard %d serving at version %s after replaying to offset %d", index,
+                     self._version, self.next_offset)
+            if ready is not None:
+                ready.set()
+            self._loop(stop, every)
+        finally:
+            self.consumer.close()
+            self.dlq.flush(10)
+            self.redis.close()
+
+    def _check_retention(self) -> None:
+        earliest = self.admin.bounds([(self.grad_topic, 0)])[(self.grad_topic, 0)].earliest
+        if earliest > self.next_offset:
+            log.error("shard %d: %s kept no offsets below %d but the checkpoint resumes at %d: "
+                      "the updates in between are lost; checkpoint more often than the topic's "
+                      "retention", self.index, self.grad_topic, earliest, self.next_offset)
+            self.next_offset = earliest
+
+    def _stable_end(self) -> int:
+        return self.admin.bounds([(self.grad_topic, 0)], earliest=False)[(self.grad_topic, 0)].stable_end
+
+    def _replay(self, stop: threading.Event) -> None:
+        """Apply everything committed before start-up without publishing row by row: the
+        shard publishes everything once replay is done."""
+        end = self._stable_end()
+        started, first = time.monotonic(), self.next_offset
+        while self.next_offset < end and not stop.is_set():
+            self._consume(1000, 0.2)
+            self._pending = _Pending()
+        log.info("shard %d: replayed offsets [%d, %d) in %.1f s", self.index, first,
+                 self.next_offset, time.monotonic() - started)
+
+    def _loop(self, stop: threading.Event, checkpoint_every_s: float) -> None:
+        now = time.monotonic()
+        next_publish = now + self.options.publish_interval_s
+        next_housekeeping = now
+        next_fold = now + self.options.fold_interval_s
+        next_checkpoint = now + checkpoint_every_s
+        while not stop.is_set():
+            if self.lease.lost.is_set():
+                raise ShardLostError(f"shard {self.index}: lease lost; stopping so a restart recovers")
+            self._consume(1000, self.options.publish_interval_s)
+            now = time.monotonic()
+            if now >= next_publish:
+                self._publish()
+                next_publish = now + self.options.publish_interval_s
+            if now >= next_fold:
+                self._fold_dedup()
+                next_fold = now + self.options.fold_interval_s
+            if now >= next_housekeeping:
+                self._housekeeping()
+                next_housekeeping = now + self.options.housekeeping_s
+            if now >= next_checkpoint:
+                self._publish()
+                self.checkpoint()
+                next_checkpoint = time.monotonic() + checkpoint_every_s
+        self._publish()
+
+    # -- applying ------------------------------------------------------------------------
+    def _consume(self, batch: int, timeout: float) -> None:
+        for msg in self.consumer.consume(batch, timeout):
+            error = msg.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    log.warning("shard %d: consumer error: %s", self.index, error)
+                continue
+            self._apply(msg)
+        # The position also moves past transaction markers, which are never delivered: without
+        # it a shard whose last record is a commit marker would never reach the stable end.
+        position = self.consumer.position([TopicPartition(self.grad_topic, 0)])[0].offset
+        if position > self.next_offset:
+            self.next_offset = position
+
+    def _apply(self, msg: Message) -> None:
+        self.next_offset = msg.offset() + 1
+        try:
+            delta = GradientDelta.from_bytes(msg.value())
+            if delta.shard != self.index:
+                raise BadDeltaError(f"delta for shard {delta.shard} on shard {self.index}'s topic")
+            changes = self.state.apply(delta)
+        except (SchemaError, BadDeltaError) as exc:
+            self._dead_letter(msg, str(exc))
+            return
+        if changes is None:
+            return  # a duplicate: counted by the dedup ledger
+        self.counters.deltas += 1
+        self.counters.rows += sum(len(ids) for ids in changes.rows.values())
+        self._pending.add(changes)
+
+    def _dead_letter(self, msg: Message, reason: str) -> None:
+        self.counters.bad += 1
+        log.warning("shard %d: bad gradient message at %s:%d: %s", self.index, msg.topic(),
+                    msg.offset(), reason)
+        letter = DeadLetter(msg.topic(), msg.partition(), msg.offset(), reason, msg.value() or b"",
+                            self.options.job, int(time.time() * 1000))
+        self.dlq.produce(self.dlq_topic, letter.to_json(),
+                         key=f"{msg.topic()}:{msg.partition()}:{msg.offset()}".encode())
+        self.dlq.poll(0)
+
+    # -- serving -------------------------------------------------------------------------
+    def _publish(self) -> None:
+        changes = self._pending.take()
+        if changes is None:
+            return
+        version = self.publisher.publish(self.state, changes)
+        self.counters.publishes += 1
+        if self._version is not None and version != self._version + 1:
+            # The version restarted: Redis lost its data (FLUSHALL, restart) around this write.
+            self._publish_all()
+        else:
+            self._version = version
+
+    def _publish_all(self) -> None:
+        self._pending = _Pending()
+        self._version = self.publisher.publish_all(self.state)
+        self.counters.republished += 1
+
+    def _housekeeping(self) -> None:
+        if not self.publisher.published():
+            log.warning("shard %d: version key gone from Redis; republishing everything", self.index)
+            self._publish_all()
+        self._control()
+        self.redis.set(self.redis_keys.stats(self.index), json.dumps(self.stats()))
+
+    def stats(self) -> dict:
+        state = self.state
+        by_partition = state.examples_by_partition()
+        return {
+            "shard": self.index, "pid": os.getpid(), "serving": self.serving, "version": self._version,
+            "offset": self.next_offset, "deltas": self.counters.deltas, "rows": self.counters.rows,
+            "dropped": state.dedup.dropped, "bad": self.counters.bad,
+            "publishes": self.counters.publishes, "republished": self.counters.republished,
+            "checkpoint": self.checkpoint_id, "checkpoints": self.counters.checkpoints,
+            "dedup_entries": state.dedup.entries,
+            "examples": sum(by_partition.values()), "examples_by_partition": dict(by_partition),
+            "table_rows": {name: t.size for name, t in state.tables.items()},
+            "at": time.time(),
+        }
+
+    # -- dedup folding -------------------------------------------------------------------
+    def _fold_dedup(self) -> None:
+        """Two steps, never in one call: read the master's watermarks, then the topic's stable
+        end; fold only once consumption has passed that end, so no delta committed before the
+        watermark was read can still be in flight."""
+        if self._fold is not None and self.next_offset >= self._fold[1]:
+            self.state.fold(self._fold[0])
+            self._fold = None
+        if self._fold is None:
+            watermarks = {}
+            for entry in self.etcd.range(self.keys.cursors_prefix):
+                cursor = PartitionCursor.from_json(entry.value)
+                watermarks[(cursor.topic, cursor.partition)] = (cursor.pass_no, cursor.trained)
+            if watermarks:
+                self._fold = (watermarks, self._stable_end())
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def checkpoint(self, checkpoint_id: str | None = None) -> str:
+        started = time.monotonic()
+        manifest = self.store.save(self.state, {self.grad_topic: self.next_offset},
+                                   self.state.dedup.watermarks(), self.slot_map.slots_of(self.index),
+                                   checkpoint_id)
+        self.checkpoint_id = manifest.checkpoint_id
+        self.counters.checkpoints += 1
+        self.etcd.put(self.keys.checkpoint_shard(manifest.checkpoint_id, self.index), json.dumps({
+            "uri": self.store.uri, "shard": self.index, "grad_offset": self.next_offset,
+            "created_at": manifest.created_at, "optimizer": manifest.optimizer,
+            "rows": {name: t.size for name, t in self.state.tables.items()},
+        }).encode())
+        self._forget_pruned()
+        log.info("shard %d: checkpoint %s at offset %d in %.2f s", self.index, manifest.checkpoint_id,
+                 self.next_offset, time.monotonic() - started)
+        return manifest.checkpoint_id
+
+    def _forget_pruned(self) -> None:
+        kept = set(self.store.complete_ids())
+        suffix = f"/{self.index}"
+        for entry in self.etcd.range(self.keys.checkpoints_prefix, keys_only=True):
+            parts = entry.key[len(self.keys.checkpoints_prefix):].split("/")
+            if len(parts) == 2 and entry.key.endswith(suffix) and parts[0] not in kept:
+                self.etcd.delete_prefix(entry.key)
+
+    def _control(self) -> None:
+        """A checkpoint requested through `control/checkpoint` ({"id": ...}), taken once."""
+        entry = self.etcd.get(self.keys.control("checkpoint"))
+        if entry is None:
+            return
+        try:
+            wanted = json.loads(entry.value)["id"]
+            key = self.keys.checkpoint_shard(wanted, self.index)
+        except (ValueError, KeyError, TypeError, SchemaError) as exc:
+            log.warning("shard %d: ignoring control/checkpoint %r: %s", self.index, entry.value, exc)
+            return
+        if wanted != self.checkpoint_id and self.etcd.get(key) is None:
+            self._publish()
+            self.checkpoint(wanted)
+

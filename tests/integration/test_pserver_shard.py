@@ -1,0 +1,253 @@
+"""The shard process against real Kafka, etcd and Redis: recovery, exactly-once, republish, DLQ."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from infra import Endpoints
+from infra.clients import TopicSpec, ensure_topics
+from master.etcd import Etcd
+from pserver.optimizers import make_rule
+from pserver.serving import ParamClient, ParamsUnavailableError
+from pserver.shard import PserverShard, ShardOptions
+from pserver.sharding import SlotMap
+from pserver.state import ShardState
+from schemas import DeadLetter, DenseSlice, EtcdKeys, GradientDelta, RedisKeys, SparseRows, TaskRecord, Topics
+from conftest import StreamtrainProcess, job_config, publish_job, wait_for
+
+pytestmark = pytest.mark.services
+
+TABLE, DIM, IDS = "emb", 8, 3000
+
+
+def make_config(name: str, ckpt: Path):
+    return job_config(name, "input", pservers={
+        "count": 1, "optimizer": "adagrad", "checkpoint_uri": ckpt.as_uri(), "checkpoint_every_s": 600})
+
+
+def delta(task: int, seq: int, seed: int, shard: int = 0, rows: int = 200) -> GradientDelta:
+    rng = np.random.default_rng(seed)
+    ids = np.unique(rng.integers(0, IDS, rows).astype(np.uint64))
+    return GradientDelta(
+        TaskRecord.make_id("input", 0, task * 100), seq, "t0", shard, seq, 10,
+        sparse=(SparseRows(TABLE, ids, rng.normal(size=(len(ids), DIM)).astype(np.float32)),),
+        dense=(DenseSlice("bias", 0, 0, rng.normal(size=4).astype(np.float32)),))
+
+
+def stream(tasks: int, groups: int, rerun_every: int = 7) -> list[bytes]:
+    """Push groups of `tasks` tasks; every `rerun_every`-th task is sent again (a re-run
+    attempt with other gradients: only the first copy may apply); one garbage message."""
+    out = []
+    for t in range(tasks):
+        out += [delta(t, g, seed=t * 1000 + g).to_bytes() for g in range(groups)]
+        if t % rerun_every == 3:
+            out += [delta(t, g, seed=999_999 - t * 1000 - g).to_bytes() for g in range(groups)]
+        if t == tasks // 2:
+            out.append(b"SG\x01not a gradient")
+    return out
+
+
+class TxnWriter:
+    def __init__(self, services: Endpoints, topic: str) -> None:
+        self.topic = topic
+        self.producer = Producer({"bootstrap.servers": services.kafka, "transactional.id": f"w-{topic}"})
+        self.producer.init_transactions(30)
+
+    def write(self, messages: list[bytes]) -> None:
+        self.producer.begin_transaction()
+        for m in messages:
+            self.producer.produce(self.topic, m, partition=0)
+        self.producer.commit_transaction(30)
+
+
+def stats(redis_conn, job: str, shard: int = 0) -> dict:
+    raw = redis_conn.get(RedisKeys(job).stats(shard))
+    return json.loads(raw) if raw else {}
+
+
+def stable_end(services: Endpoints, topic: str) -> int:
+    consumer = Consumer({"bootstrap.servers": services.kafka, "group.id": "probe",
+                         "isolation.level": "read_committed"})
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
+    finally:
+        consumer.close()
+
+
+def caught_up(services, redis_conn, job: str) -> bool:
+    s = stats(redis_conn, job)
+    return bool(s) and s["serving"] and s["offset"] >= stable_end(services, Topics(job).grad(0))
+
+
+def params(redis_conn, job: str) -> tuple[np.ndarray, dict]:
+    client = ParamClient(redis_conn, job, SlotMap.uniform(256, 1))
+    rows = client.pull_rows(TABLE, np.arange(IDS, dtype=np.uint64), DIM).values
+    blocks, _ = client.pull_blocks([("bias", 0)])
+    return rows, blocks
+
+
+def reference(messages: list[bytes]) -> ShardState:
+    state = ShardState(make_rule("adagrad", lr=0.05))
+    for m in messages:
+        try:
+            state.apply(GradientDelta.from_bytes(m))
+        except Exception:
+            pass
+    return state
+
+
+class ShardThread:
+    def __init__(self, services: Endpoints, options: ShardOptions) -> None:
+        self.shard = PserverShard(services, options)
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.shard.run(self.stop)
+        except BaseException as exc:
+            self.error = exc
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(30)
+        if self.error is not None:
+            raise self.error
+
+
+def start_shard_process(services, job: str, log_dir: Path, n: int) -> StreamtrainProcess:
+    return StreamtrainProcess(services, ["pserver", "--job", job, "--index", "0", "--lease-ttl-s", "2",
+                                         "--checkpoint-every-s", "0.5"], f"{job}-{n}", log_dir)
+
+
+def dead_letters(services: Endpoints, job: str) -> list[DeadLetter]:
+    consumer = Consumer({"bootstrap.servers": services.kafka, "group.id": f"dlq-{time.time_ns()}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(Topics(job).dlq, 0, 0)])
+    found, deadline = [], time.monotonic() + 5
+    while time.monotonic() < deadline:
+        msg = consumer.poll(0.2)
+        if msg is not None and not msg.error():
+            found.append(DeadLetter.from_json(msg.value()))
+    consumer.close()
+    return found
+
+
+@pytest.mark.slow
+def test_shard_killed_mid_stream_ends_equal_to_an_unkilled_one(services, etcd, redis_conn, unique, tmp_path) -> None:
+    killed, steady = unique("pskill"), unique("pssteady")
+    coord = Etcd.connect(services)
+    try:
+        for job in (killed, steady):
+            publish_job(coord, make_config(job, tmp_path / job))
+            ensure_topics(services, [TopicSpec(Topics(job).grad(0))])
+        messages = stream(tasks=60, groups=4)
+        writers = [TxnWriter(services, Topics(j).grad(0)) for j in (killed, steady)]
+        reference_shard = ShardThread(services, ShardOptions(steady, 0, lease_ttl_s=2))
+        process = start_shard_process(services, killed, tmp_path, 0)
+        kills, chunk, resumed_from = 0, 12, []
+        for n, start in enumerate(range(0, len(messages), chunk)):
+            for w in writers:
+                w.write(messages[start:start + chunk])
+            time.sleep(0.2)
+            if n % 6 == 5:  # SIGKILL mid-stream, restart: recovery from checkpoint + replay
+                wait_for(lambda: stats(redis_conn, killed).get("pid") == process.proc.pid
+                         and stats(redis_conn, killed).get("checkpoints", 0) >= 1, 30, "a checkpoint")
+                resumed_from.append(stats(redis_conn, killed)["checkpoint"])
+                process.kill(9)
+                process.wait()
+                kills += 1
+                process = start_shard_process(services, killed, tmp_path, kills)
+        assert kills >= 3 and all(resumed_from)
+        for job in (killed, steady):
+            wait_for(lambda: caught_up(services, redis_conn, job), 60, f"{job} caught up")
+        got_rows, got_blocks = params(redis_conn, killed)
+        want_rows, want_blocks = params(redis_conn, steady)
+        np.testing.assert_allclose(got_rows, want_rows, atol=1e-6, rtol=0)
+        np.testing.assert_allclose(got_blocks[("bias", 0)], want_blocks[("bias", 0)], atol=1e-6, rtol=0)
+        # And both equal an in-process shard fed the same messages: exactly once, nothing lost.
+        ref = reference(messages)
+        table = ref.tables[TABLE]
+        np.testing.assert_allclose(want_rows[table.ids[:table.size].astype(np.int64)],
+                                   table.values[:table.size], atol=1e-6, rtol=0)
+        s_killed, s_steady = stats(redis_conn, killed), stats(redis_conn, steady)
+        assert s_killed["dropped"] == s_steady["dropped"] == ref.dedup.dropped > 0
+        assert s_killed["examples"] == s_steady["examples"] == sum(ref.examples.values())
+        letters = {(d.source_topic, d.offset) for d in dead_letters(services, killed)}
+        assert len(letters) == 1 and "GradientDelta" in dead_letters(services, killed)[0].reason
+        process.kill(15)
+        assert process.wait(20) == 0
+        reference_shard.close()
+    finally:
+        coord.close()
+
+
+@pytest.mark.slow
+def test_a_rerun_committed_after_a_checkpoint_and_a_restart_is_applied_once(services, redis_conn, unique, tmp_path) -> None:
+    job = unique("psdedup")
+    coord = Etcd.connect(services)
+    try:
+        publish_job(coord, make_config(job, tmp_path / "ckpt"))
+        ensure_topics(services, [TopicSpec(Topics(job).grad(0))])
+        writer = TxnWriter(services, Topics(job).grad(0))
+        first = [delta(1, g, seed=g).to_bytes() for g in range(3)]
+        writer.write(first)
+        shard = ShardThread(services, ShardOptions(job, 0, lease_ttl_s=2))
+        wait_for(lambda: caught_up(services, redis_conn, job), 30, "first attempt applied")
+        coord.put(EtcdKeys(job).control("checkpoint"), json.dumps({"id": "manual-1"}).encode())
+        wait_for(lambda: coord.get(EtcdKeys(job).checkpoint_shard("manual-1", 0)) is not None, 30,
+                 "requested checkpoint registered")
+        shard.close()
+        rerun = [delta(1, g, seed=100 + g).to_bytes() for g in range(3)]  # same (task, seq)
+        later = [delta(2, 0, seed=7).to_bytes()]
+        writer.write(rerun + later)
+        shard = ShardThread(services, ShardOptions(job, 0, lease_ttl_s=2))
+        wait_for(lambda: caught_up(services, redis_conn, job), 30, "restarted shard caught up")
+        s = stats(redis_conn, job)
+        assert s["checkpoint"] == "manual-1"
+        assert s["dropped"] == 3 and s["deltas"] == 1  # counters since restart: only `later`
+        ref = reference(first + rerun + later).tables[TABLE]
+        rows, _ = params(redis_conn, job)
+        np.testing.assert_allclose(rows[ref.ids[:ref.size].astype(np.int64)], ref.values[:ref.size], atol=1e-6)
+        shard.close()
+    finally:
+        coord.close()
+
+
+def test_after_flushall_pulls_recover_with_the_right_values(services, redis_conn, unique, tmp_path) -> None:
+    job = unique("psflush")
+    coord = Etcd.connect(services)
+    try:
+        publish_job(coord, make_config(job, tmp_path / "ckpt"))
+        ensure_topics(services, [TopicSpec(Topics(job).grad(0))])
+        TxnWriter(services, Topics(job).grad(0)).write([delta(1, g, seed=g).to_bytes() for g in range(5)])
+        shard = ShardThread(services, ShardOptions(job, 0, lease_ttl_s=2))
+        wait_for(lambda: caught_up(services, redis_conn, job), 30, "shard caught up")
+        before, _ = params(redis_conn, job)
+        redis_conn.flushall()
+        flushed_at = time.monotonic()
+
+        def pulled_again() -> bool:
+            try:
+                params(redis_conn, job)
+                return True
+            except ParamsUnavailableError:
+                return False
+
+        wait_for(pulled_again, 10, "pulls after FLUSHALL")
+        took = time.monotonic() - flushed_at
+        after, _ = params(redis_conn, job)
+        np.testing.assert_array_equal(after, before)
+        assert took < 5, f"republish took {took:.1f} s"
+        shard.close()
+    finally:
+        coord.close()
