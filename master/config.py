@@ -318,18 +318,37 @@ class ModelSection:
         embedding_dim: width of each sparse feature's embedding rows.
         hash_buckets: sparse ids are hashed into this many rows per feature.
         batch_size: examples per mini-batch.
+        sparse_fields: the examples' sparse fields the model reads, in model order.
+        dense_features: how many dense features each example carries.
     """
 
     factory: str = "trainer.models:LogisticRegression"
     embedding_dim: int = 16
     hash_buckets: int = 2**20
     batch_size: int = 256
+    sparse_fields: tuple[str, ...] = ()
+    dense_features: int = 0
 
     def __post_init__(self) -> None:
         _ref("model.factory", self.factory)
         _int("model.embedding_dim", self.embedding_dim, 1)
         _int("model.hash_buckets", self.hash_buckets, 1)
         _int("model.batch_size", self.batch_size, 1)
+        _int("model.dense_features", self.dense_features, 0, 1 << 16)
+        _fix(self, sparse_fields=_field_names("model.sparse_fields", self.sparse_fields))
+
+
+def _field_names(key: str, value: object) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)):
+        raise JobConfigError(key, f"must be a list of field names, got {_show(value)}")
+    seen: set[str] = set()
+    for i, name in enumerate(value):
+        if not isinstance(name, str) or not name or not name.isprintable() or len(name.encode()) > 255:
+            raise JobConfigError(f"{key}[{i}]", f"must be a field name (1-255 printable bytes), got {_show(name)}")
+        if name in seen:
+            raise JobConfigError(f"{key}[{i}]", f"{name!r} is listed twice")
+        seen.add(name)
+    return tuple(value)
 
 
 @dataclass(frozen=True)

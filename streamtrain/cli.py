@@ -192,6 +192,32 @@ def pserver_cmd(
         raise typer.Exit(1) from exc
 
 
+@app.command("trainer")
+def trainer_cmd(
+    job: JobOpt,
+    trainer_id: Annotated[Optional[str], typer.Option(
+        "--id", help="Trainer id: its membership key and Kafka transactional.id (default host-pid). "
+        "A restarted trainer with the same id fences its predecessor's open transaction.",
+        show_default=False)] = None,
+    max_tasks: Annotated[Optional[int], typer.Option("--max-tasks", help="Stop after this many tasks.",
+                                                     show_default=False)] = None,
+    lease_ttl_s: Annotated[int, typer.Option("--lease-ttl-s", help="TTL of the membership lease.")] = 10,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Run a trainer: claim tasks, read exactly their offsets, train, push gradients, until
+    stopped. SIGTERM releases the current task cleanly."""
+    from master.errors import MasterError
+    from trainer.worker import Trainer
+
+    _setup_logging(verbose)
+    stop = _stop_on_signals()
+    try:
+        Trainer(Endpoints.resolve(), _job_name(job), trainer_id, lease_ttl_s=lease_ttl_s).run(stop, max_tasks)
+    except MasterError as exc:
+        logging.getLogger("streamtrain.trainer").error("%s", exc)
+        raise typer.Exit(1) from exc
+
+
 def _stop_on_signals() -> threading.Event:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

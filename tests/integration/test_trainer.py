@@ -1,0 +1,221 @@
+"""Trainers against real Kafka, etcd and Redis, with real pserver shards and a real master:
+accuracy against a single-process run, exactly-once across a killed and a frozen trainer,
+garbage records dead-lettered."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from conftest import MasterThread, StreamtrainProcess, job_config, wait_for
+from infra import Endpoints
+from infra.clients import TopicSpec, ensure_topics
+from master.etcd import Etcd
+from master.service import Master
+from producers.clickmodel import ClickModel
+from pserver.shard import PserverShard, ShardOptions
+from pserver.sharding import SlotMap
+from schemas import DeadLetter, EtcdKeys, RedisKeys, Topics
+from trainer.local import LocalTrainer
+from trainer.metrics import auc
+from trainer.scoring import Scorer
+from trainer.worker import Trainer
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+MODEL = ClickModel()
+HOLDOUT = MODEL.examples(10_000, start=10**7)
+LABELS = np.array([e.label for e in HOLDOUT])
+
+
+class Background:
+    """Shards, trainers and a master in threads of this process, stopped at the end."""
+
+    def __init__(self) -> None:
+        self.stops: list[threading.Event] = []
+        self.threads: list[threading.Thread] = []
+        self.errors: list[BaseException] = []
+
+    def start(self, target) -> None:
+        stop = threading.Event()
+
+        def run() -> None:
+            try:
+                target(stop)
+            except BaseException as exc:
+                self.errors.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        self.stops.append(stop)
+        self.threads.append(thread)
+
+    def close(self) -> None:
+        for stop in self.stops:
+            stop.set()
+        for thread in self.threads:
+            thread.join(30)
+        assert not self.errors, self.errors
+
+
+def write_examples(services: Endpoints, topic: str, values: list[bytes], partitions: int) -> dict[int, int]:
+    producer = Producer({"bootstrap.servers": services.kafka, "linger.ms": 20})
+    counts = dict.fromkeys(range(partitions), 0)
+    for i, value in enumerate(values):
+        producer.produce(topic, value, partition=i % partitions)
+        counts[i % partitions] += 1
+    producer.flush(30)
+    return counts
+
+
+def make_job(name: str, topic: str, tmp_path: Path, **train):
+    return job_config(name, topic, input={"passes": 1},
+                      tasks={"max_records": train.pop("max_records", 2000), "timeout_s": train.pop("timeout_s", 30)},
+                      model={"sparse_fields": list(MODEL.fields), "dense_features": MODEL.dense_features,
+                             "batch_size": train.pop("batch_size", 256)},
+                      train={"commit_every": 1, "learning_rate": 0.1, **train},
+                      pservers={"count": 2, "checkpoint_uri": (tmp_path / name).as_uri()})
+
+
+def finished(etcd: Etcd, job: str) -> bool:
+    entry = etcd.get(EtcdKeys(job).state)
+    return entry is not None and json.loads(entry.value).get("state") == "finished"
+
+
+def shard_stats(redis_conn, job: str) -> list[dict]:
+    return [json.loads(redis_conn.get(RedisKeys(job).stats(s)) or b"{}") for s in range(2)]
+
+
+def applied_exactly(redis_conn, job: str, counts: dict[int, int], topic: str) -> bool:
+    want = {f"{topic}:{p}": n for p, n in counts.items()}
+    return all(s.get("examples_by_partition") == want for s in shard_stats(redis_conn, job))
+
+
+def holdout_auc(etcd: Etcd, redis_conn, config) -> float:
+    slot_map = SlotMap.from_json(etcd.get(EtcdKeys(config.name).slots).value)
+    return auc(LABELS, Scorer(config, redis_conn, slot_map).score(HOLDOUT))
+
+
+def run_job(services, etcd, config, background: Background, trainers: int = 2) -> None:
+    background.start(lambda stop: Master(Etcd.connect(services), services, config).run(stop))
+    for i in range(2):
+        background.start(lambda stop, i=i: PserverShard(services, ShardOptions(config.name, i, lease_ttl_s=2)).run(stop))
+    for i in range(trainers):
+        background.start(lambda stop, i=i: Trainer(services, config.name, f"t{i}", lease_ttl_s=2).run(stop))
+
+
+def test_two_trainers_two_pservers_reach_the_auc_of_a_single_process_run(services, etcd, redis_conn, topic_factory,
+                                                                        unique, tmp_path) -> None:
+    train = MODEL.examples(40_000)
+    topic = topic_factory("clicks", partitions=2)
+    counts = write_examples(services, topic, [e.to_json() for e in train], 2)
+    config = make_job(unique("auc"), topic, tmp_path)
+    coord, background = Etcd.connect(services), Background()
+    try:
+        run_job(services, coord, config, background)
+        wait_for(lambda: finished(coord, config.name), 240, "the job's single pass", interval=0.5)
+        wait_for(lambda: applied_exactly(redis_conn, config.name, counts, topic), 30, "pservers applied all")
+        distributed = holdout_auc(coord, redis_conn, config)
+    finally:
+        background.close()
+        coord.close()
+    local = LocalTrainer(config)
+    local.train(train)
+    single = auc(LABELS, local.score(HOLDOUT))
+    assert single > 0.74
+    assert abs(distributed - single) < 0.01, (distributed, single)
+
+
+def dead_letters(services: Endpoints, job: str) -> list[DeadLetter]:
+    consumer = Consumer({"bootstrap.servers": services.kafka, "group.id": f"dlq-{time.time_ns()}",
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(Topics(job).dlq, 0, 0)])
+    _, end = consumer.get_watermark_offsets(TopicPartition(Topics(job).dlq, 0), timeout=10)
+    found = []
+    while end and (not found or found[-1][0] < end - 1):
+        msg = consumer.poll(5)
+        if msg is None:
+            break
+        if not msg.error():
+            found.append((msg.offset(), DeadLetter.from_json(msg.value())))
+    consumer.close()
+    return [d for _, d in found]
+
+
+def test_one_percent_garbage_trains_as_well_and_lands_exactly_in_the_dlq(services, etcd, redis_conn, topic_factory,
+                                                                         unique, tmp_path) -> None:
+    train = MODEL.examples(40_000)
+    rng = np.random.default_rng(3)
+    garbage_at = set(rng.choice(len(train) + 400, size=400, replace=False).tolist())
+    values, it = [], iter(train)
+    for i in range(len(train) + 400):
+        values.append(b'{"v":1,"sparse":' if i in garbage_at and i % 2 else
+                      b"\xff\xfe not json" if i in garbage_at else next(it).to_json())
+    topic = topic_factory("dirty", partitions=2)
+    write_examples(services, topic, values, 2)
+    config = make_job(unique("garbage"), topic, tmp_path)
+    coord, background = Etcd.connect(services), Background()
+    try:
+        run_job(services, coord, config, background)
+        wait_for(lambda: finished(coord, config.name), 240, "the job's single pass", interval=0.5)
+        dirty = holdout_auc(coord, redis_conn, config)
+    finally:
+        background.close()
+        coord.close()
+    letters = dead_letters(services, config.name)
+    positions = {(d.partition, d.offset) for d in letters}
+    assert positions == {(i % 2, i // 2) for i in garbage_at}
+    assert len(letters) == 400 and all(d.reason for d in letters)
+    local = LocalTrainer(config)
+    local.train(train)
+    assert abs(dirty - auc(LABELS, local.score(HOLDOUT))) < 0.005
+
+
+def trainer_process(services, job: str, name: str, log_dir: Path) -> StreamtrainProcess:
+    return StreamtrainProcess(services, ["trainer", "--job", job, "--id", name, "--lease-ttl-s", "2"], name, log_dir)
+
+
+@pytest.mark.parametrize("fault", ["sigkill", "sigstop"])
+def test_a_task_redone_after_a_killed_or_frozen_trainer_is_applied_exactly_once(
+        fault, services, etcd, redis_conn, topic_factory, unique, tmp_path) -> None:
+    train = MODEL.examples(12_000)
+    topic = topic_factory("faults", partitions=2)
+    counts = write_examples(services, topic, [e.to_json() for e in train], 2)
+    # Long tasks of many small push groups: the fault lands mid-task, after some commits.
+    config = make_job(unique(fault), topic, tmp_path, max_records=3000, batch_size=16, timeout_s=4)
+    coord, background = Etcd.connect(services), Background()
+    try:
+        background.start(lambda stop: Master(Etcd.connect(services), services, config).run(stop))
+        for i in range(2):
+            background.start(lambda stop, i=i: PserverShard(services, ShardOptions(config.name, i, lease_ttl_s=2)).run(stop))
+        victim = trainer_process(services, config.name, "victim", tmp_path)
+        wait_for(lambda: any(s.get("deltas", 0) >= 10 for s in shard_stats(redis_conn, config.name)), 60,
+                 "the victim's first commits", interval=0.02)
+        victim.kill(signal.SIGKILL if fault == "sigkill" else signal.SIGSTOP)
+        background.start(lambda stop: Trainer(services, config.name, "rescuer", lease_ttl_s=2).run(stop))
+        if fault == "sigstop":
+            # Resume the zombie once its task has been requeued and redone by the rescuer.
+            wait_for(lambda: shard_stats(redis_conn, config.name)[0].get("dropped", 0) > 0, 60,
+                     "the rescuer redoing the victim's task", interval=0.1)
+            victim.kill(signal.SIGCONT)
+        wait_for(lambda: finished(coord, config.name), 120, "the job's single pass", interval=0.5)
+        wait_for(lambda: applied_exactly(redis_conn, config.name, counts, topic), 30,
+                 "every example applied exactly once")
+        stats = shard_stats(redis_conn, config.name)
+        assert all(s["dropped"] > 0 for s in stats), stats  # the redone groups were dropped
+        if fault == "sigstop":
+            time.sleep(2)  # the zombie's late commits, if any, must not count either
+            assert applied_exactly(redis_conn, config.name, counts, topic)
+            victim.kill(signal.SIGTERM)
+            assert victim.wait(30) == 0
+    finally:
+        victim.kill(signal.SIGKILL)
+        background.close()
+        coord.close()

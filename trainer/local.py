@@ -1,0 +1,62 @@
+"""The same model trained in one process on examples in memory: no Kafka, etcd or Redis.
+
+The reference the distributed run is measured against (tests compare holdout AUC, bench/
+compares throughput): same featurizer, same model, same deterministic initial values, and
+torch.optim's version of the job's update rule (the pservers' rules equal torch.optim's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from master.config import JobConfig
+from pserver.rows import initial_rows
+from schemas import Example
+from trainer.features import Featurizer, pool
+from trainer.params import INIT_SCALE, DenseLayout
+from trainer.worker import build_model, model_spec
+
+_OPTIMIZERS = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
+
+
+class LocalTrainer:
+    def __init__(self, config: JobConfig) -> None:
+        spec = model_spec(config)
+        self.featurizer = Featurizer(spec.fields, spec.dense_features, config.model.hash_buckets)
+        self.model = build_model(config)
+        DenseLayout(self.model).load({})
+        buckets = config.model.hash_buckets
+        self.tables = nn.ParameterDict({
+            name: nn.Parameter(torch.from_numpy(
+                initial_rows(name, np.arange(buckets, dtype=np.uint64), dim, INIT_SCALE)))
+            for name, dim in self.model.tables.items()})
+        rule = _OPTIMIZERS.get(config.pservers.optimizer)
+        if rule is None:
+            raise ValueError(f"no torch.optim reference for optimizer {config.pservers.optimizer!r}")
+        self.optimizer = rule([*self.model.parameters(), *self.tables.parameters()],
+                              lr=config.train.learning_rate)
+        self.batch_size = config.model.batch_size
+
+    def _forward(self, examples: Sequence[Example]) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = self.featurizer.batch(examples)
+        ids = torch.from_numpy(batch.ids.astype(np.int64))
+        bags = torch.from_numpy(batch.bags)
+        pooled = {name: pool(table, ids, bags, batch.size, batch.fields) for name, table in self.tables.items()}
+        return self.model(pooled, torch.from_numpy(batch.dense)), torch.from_numpy(batch.labels)
+
+    def train(self, examples: Sequence[Example]) -> None:
+        for i in range(0, len(examples), self.batch_size):
+            logits, labels = self._forward(examples[i:i + self.batch_size])
+            self.optimizer.zero_grad()
+            F.binary_cross_entropy_with_logits(logits, labels).backward()
+            self.optimizer.step()
+
+    @torch.no_grad()
+    def score(self, examples: Sequence[Example]) -> np.ndarray:
+        logits, _ = self._forward(examples)
+        return torch.sigmoid(logits).numpy()

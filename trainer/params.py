@@ -1,0 +1,131 @@
+"""The trainer's side of the parameters: pulling rows and dense blocks from Redis into the
+torch model, and turning the gradients of a push group into one GradientDelta per shard.
+
+Dense parameters are split into blocks of `BLOCK` values, addressed `(parameter name, block)`,
+owned by the shard the slot map says. A block no shard has trained yet is not in Redis; its
+value is then the deterministic initial value every pserver would create it with, so all
+trainers and shards agree on it without talking.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from pserver.rows import initial_rows
+from pserver.serving import ParamClient, ParamsUnavailableError
+from pserver.sharding import SlotMap
+from schemas import DenseSlice, GradientDelta, SparseRows
+
+BLOCK = 4096
+INIT_SCALE = 0.01  # the pservers' ShardState default
+
+
+@dataclass(frozen=True)
+class _Block:
+    param: str
+    block: int
+    tensor: nn.Parameter
+    start: int
+    stop: int
+
+
+class DenseLayout:
+    def __init__(self, model: nn.Module) -> None:
+        self.blocks: list[_Block] = []
+        for name, param in model.named_parameters():
+            for b, start in enumerate(range(0, param.numel(), BLOCK)):
+                self.blocks.append(_Block(name, b, param, start, min(start + BLOCK, param.numel())))
+
+    def initial(self, block: _Block) -> np.ndarray:
+        return initial_rows(f"{block.param}#{block.block}", np.zeros(1, dtype=np.uint64),
+                            block.stop - block.start, INIT_SCALE)[0]
+
+    @torch.no_grad()
+    def load(self, values: dict[tuple[str, int], np.ndarray]) -> None:
+        """Copy pulled blocks into the parameters; blocks not pulled get their initial value."""
+        for block in self.blocks:
+            found = values.get((block.param, block.block))
+            data = found if found is not None else self.initial(block)
+            flat = block.tensor.data.view(-1)
+            flat[block.start:block.stop] = torch.from_numpy(np.array(data, dtype=np.float32)).to(flat.device)
+
+    def gradients(self) -> list[tuple[str, int, np.ndarray]]:
+        out = []
+        for block in self.blocks:
+            grad = block.tensor.grad
+            if grad is not None:
+                out.append((block.param, block.block,
+                            grad.detach().view(-1)[block.start:block.stop].cpu().numpy().copy()))
+        return out
+
+
+class ParamSync:
+    """Pulls for a mini-batch; retries while a shard is not (yet, or again) in Redis."""
+
+    def __init__(self, client: ParamClient, layout: DenseLayout, wait_s: float = 60.0) -> None:
+        self.client = client
+        self.layout = layout
+        self.wait_s = wait_s
+
+    def pull_rows(self, table: str, ids: np.ndarray, dim: int) -> np.ndarray:
+        return self._retrying(lambda: self.client.pull_rows(table, ids, dim).values)
+
+    def pull_dense(self) -> None:
+        keys = [(b.param, b.block) for b in self.layout.blocks]
+        if keys:
+            found, _ = self._retrying(lambda: self.client.pull_blocks(keys))
+            self.layout.load(found)
+
+    def _retrying(self, pull):
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            try:
+                return pull()
+            except ParamsUnavailableError as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(exc.retry_after)
+
+
+class GradientBuffer:
+    """A push group's gradients, summed per row, then split by owning shard."""
+
+    def __init__(self, slot_map: SlotMap, shards: int) -> None:
+        self.slot_map = slot_map
+        self.shards = shards
+        self._rows: dict[str, list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)
+
+    def clear(self) -> None:
+        self._rows.clear()
+
+    def add_rows(self, table: str, ids: np.ndarray, grads: np.ndarray) -> None:
+        self._rows[table].append((ids, grads))
+
+    def deltas(self, layout: DenseLayout, task_id: str, seq: int, trainer_id: str, step: int,
+               examples: int) -> list[GradientDelta]:
+        """One delta per shard, empty ones included: every shard counts every group's
+        examples, which is what makes exactly-once checkable by counting."""
+        sparse: dict[int, list[SparseRows]] = defaultdict(list)
+        for table, parts in self._rows.items():
+            ids = np.concatenate([p[0] for p in parts])
+            grads = np.concatenate([p[1] for p in parts])
+            unique, inverse = np.unique(ids, return_inverse=True)
+            if len(unique) < len(ids):
+                summed = np.zeros((len(unique), grads.shape[1]), dtype=np.float32)
+                np.add.at(summed, inverse, grads)
+                ids, grads = unique, summed
+            for shard, (s_ids, s_grads) in self.slot_map.split_rows(table, ids, grads).items():
+                sparse[shard].append(SparseRows(table, s_ids, s_grads))
+        dense: dict[int, list[DenseSlice]] = defaultdict(list)
+        for param, block, values in layout.gradients():
+            dense[self.slot_map.shard_of_block(param, block)].append(DenseSlice(param, block, 0, values))
+        self._rows.clear()
+        return [GradientDelta(task_id, seq, trainer_id, shard, step, examples,
+                              dense=tuple(dense[shard]), sparse=tuple(sparse[shard]))
+                for shard in range(self.shards)]

@@ -1,0 +1,79 @@
+"""Exactly the records of a task: `[start, end)` of one partition, by assign and seek.
+
+No consumer group, no committed offsets: the task says what to read, so two attempts of a
+task read the same records. Offsets are not records: transaction markers and compacted-away
+records leave gaps, so the read ends when the consumer's position reaches `end`, not after
+`end - start` records.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from infra import Endpoints
+
+log = logging.getLogger(__name__)
+
+
+class RangeReadError(RuntimeError):
+    """The range could not be read (broker unreachable for too long); the task is retried."""
+
+
+class RangeReader:
+    def __init__(self, endpoints: Endpoints, group: str, stall_s: float = 30.0) -> None:
+        self._consumer = Consumer({
+            "bootstrap.servers": endpoints.kafka,
+            "group.id": group,  # required by librdkafka; nothing is ever committed
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 50,
+        })
+        self._stall_s = stall_s
+
+    def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[Message]:
+        """Yield the records with start <= offset < end, in offset order."""
+        low, _ = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+        if low > start:
+            log.warning("%s:%d: offsets [%d, %d) are gone (retention); reading from %d",
+                        topic, partition, start, min(low, end), low)
+            start = low
+        if start >= end:
+            return
+        tp = TopicPartition(topic, partition, start)
+        self._consumer.assign([tp])
+        progress = time.monotonic()
+        position = start
+        try:
+            while position < end:
+                msgs = self._consumer.consume(500, 0.2)
+                for msg in msgs:
+                    if msg.error() is not None:
+                        if msg.error().code() != KafkaError._PARTITION_EOF:
+                            log.warning("%s:%d: %s", topic, partition, msg.error())
+                        continue
+                    if msg.offset() >= end:
+                        position = end
+                        break
+                    position = msg.offset() + 1
+                    yield msg
+                before = position
+                if position < end:
+                    # Markers and gaps advance the position without delivering a record.
+                    now_at = self._consumer.position([TopicPartition(topic, partition)])[0].offset
+                    if now_at > position:
+                        position = now_at
+                if msgs or position > before:
+                    progress = time.monotonic()
+                elif time.monotonic() - progress > self._stall_s:
+                    raise RangeReadError(f"{topic}:{partition}: no progress at offset {position} "
+                                         f"(reading [{start}, {end})) for {self._stall_s:.0f} s")
+        finally:
+            self._consumer.unassign()
+
+    def close(self) -> None:
+        self._consumer.close()

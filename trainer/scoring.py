@@ -1,0 +1,41 @@
+"""Scoring examples with the newest parameters in Redis: online inference, `streamtrain
+predict`, and the holdout evaluation of tests and the demo."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import redis
+import torch
+
+from master.config import JobConfig
+from pserver.serving import ParamClient
+from pserver.sharding import SlotMap
+from schemas import Example
+from trainer.features import Featurizer, pool
+from trainer.params import DenseLayout, ParamSync
+from trainer.worker import build_model, model_spec
+
+
+class Scorer:
+    def __init__(self, config: JobConfig, client: redis.Redis, slot_map: SlotMap) -> None:
+        spec = model_spec(config)
+        self.featurizer = Featurizer(spec.fields, spec.dense_features, config.model.hash_buckets)
+        self.model = build_model(config).eval()
+        self.sync = ParamSync(ParamClient(client, config.name, slot_map), DenseLayout(self.model), wait_s=10)
+
+    @torch.no_grad()
+    def score(self, examples: Sequence[Example], batch_size: int = 4096) -> np.ndarray:
+        """Click probabilities; parameters are pulled fresh for every call."""
+        self.sync.pull_dense()
+        out = []
+        for i in range(0, len(examples), batch_size):
+            batch = self.featurizer.batch(examples[i:i + batch_size])
+            unique, inverse = np.unique(batch.ids, return_inverse=True)
+            inverse_t, bags_t = torch.from_numpy(inverse.astype(np.int64)), torch.from_numpy(batch.bags)
+            pooled = {name: pool(torch.from_numpy(self.sync.pull_rows(name, unique, dim)), inverse_t, bags_t,
+                                 batch.size, batch.fields)
+                      for name, dim in self.model.tables.items()}
+            out.append(torch.sigmoid(self.model(pooled, torch.from_numpy(batch.dense))).numpy())
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)

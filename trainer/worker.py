@@ -1,0 +1,300 @@
+"""The trainer process: claim a task, read exactly its offsets, train, push, complete.
+
+Per task: records are decoded (bad ones dead-lettered), cut into mini-batches of
+`model.batch_size` good examples in offset order, and mini-batches into push groups of
+`train.push_every`; group g carries `(task_id, seq=g)`. The cut depends only on the records,
+so every attempt of a task produces the same keys and the pservers apply each group once.
+With exactly-once delivery the groups are committed in Kafka transactions (every
+`train.commit_every` groups, or once at the end of the task when it is 0), and the task is
+completed in etcd only after its last commit.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from infra import Endpoints
+from infra.clients import TopicSpec, ensure_topics, redis_client
+from master.config import JobConfig
+from master.errors import MasterError, TaskLostError
+from master.etcd import Etcd
+from master.membership import read_job_config, register_trainer
+from master.tasks import ClaimedTask, TaskClient
+from pserver.serving import ParamClient
+from pserver.sharding import SlotMap
+from schemas import DeadLetter, EtcdKeys, Topics
+from trainer.decoders import DecodeError, make_decoder
+from trainer.delivery import AtLeastOnceDelivery, DeliveryError, TransactionalDelivery
+from trainer.features import Batch, FeatureError, Featurizer, pool
+from trainer.metrics import TaskMetrics
+from trainer.models import ModelSpec
+from trainer.params import DenseLayout, GradientBuffer, ParamSync
+from trainer.reader import RangeReader, RangeReadError
+
+log = logging.getLogger(__name__)
+
+
+class _Stopped(Exception):
+    """Stop was requested mid-task: the task is released, not failed."""
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def build_model(config: JobConfig) -> torch.nn.Module:
+    module_name, _, attr = config.model.factory.partition(":")
+    factory: object = importlib.import_module(module_name)
+    for part in attr.split("."):
+        factory = getattr(factory, part)
+    return factory(model_spec(config))
+
+
+def model_spec(config: JobConfig) -> ModelSpec:
+    fields = config.model.sparse_fields or tuple(
+        c.name for c in config.input.csv_columns if c.kind == "sparse")
+    dense = config.model.dense_features or sum(1 for c in config.input.csv_columns if c.kind == "dense")
+    return ModelSpec(fields, dense, config.model.embedding_dim)
+
+
+@dataclass
+class TrainerStats:
+    tasks: int = 0
+    examples: int = 0
+    bad_records: int = 0
+    lost_tasks: int = 0
+    failed_tasks: int = 0
+
+
+class Trainer:
+    def __init__(self, endpoints: Endpoints, job: str, trainer_id: str | None = None,
+                 device: torch.device | None = None, lease_ttl_s: int = 10) -> None:
+        self.endpoints = endpoints
+        self.job = job
+        self.trainer_id = trainer_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.device = device or default_device()
+        self.lease_ttl_s = lease_ttl_s
+        self.stats = TrainerStats()
+        self.step = 0  # push groups sent, across tasks
+        self._batches = 0  # mini-batches trained, across tasks
+
+    # -- life cycle ----------------------------------------------------------------------
+    def run(self, stop: threading.Event, max_tasks: int | None = None) -> None:
+        self.etcd = Etcd.connect(self.endpoints)
+        try:
+            config = self._wait_for_config(stop)
+            if config is None:
+                return
+            self._setup(config)
+            try:
+                self._loop(stop, max_tasks)
+            finally:
+                self.reader.close()
+                self.delivery.close()
+                self.redis.close()
+                self.lease.revoke()
+        finally:
+            self.etcd.close()
+
+    def _wait_for_config(self, stop: threading.Event) -> JobConfig | None:
+        while not stop.is_set():
+            try:
+                return read_job_config(self.etcd, self.job)
+            except MasterError as exc:
+                log.info("%s; waiting", exc)
+                stop.wait(1.0)
+        return None
+
+    def _setup(self, config: JobConfig) -> None:
+        self.config = config
+        self.topics = Topics(config.name)
+        self.lease = register_trainer(self.etcd, config.name, self.trainer_id, self.lease_ttl_s)
+        self.tasks = TaskClient.for_job(self.etcd, config.name, self.trainer_id)
+        slots = self.etcd.get(EtcdKeys(config.name).slots)
+        if slots is None:
+            raise MasterError(f"job {config.name!r} has no slot map in etcd: start its master first")
+        self.slot_map = SlotMap.from_json(slots.value)
+        self.shards = self.slot_map.shards
+        ensure_topics(self.endpoints, [TopicSpec(self.topics.metrics), TopicSpec(self.topics.dlq, 1, {
+            "cleanup.policy": "compact"})] + [TopicSpec(self.topics.grad(s)) for s in range(self.shards)])
+        spec = model_spec(config)
+        self.featurizer = Featurizer(spec.fields, spec.dense_features, config.model.hash_buckets)
+        self.decode = make_decoder(config.input)
+        self.model = build_model(config).to(self.device)
+        self.layout = DenseLayout(self.model)
+        self.layout.load({})
+        self.redis = redis_client(self.endpoints)
+        self.sync = ParamSync(ParamClient(self.redis, config.name, self.slot_map), self.layout)
+        self.buffer = GradientBuffer(self.slot_map, self.shards)
+        self.reader = RangeReader(self.endpoints, f"{config.name}.trainer.{self.trainer_id}")
+        if config.train.delivery == "exactly_once":
+            self.delivery = TransactionalDelivery(self.endpoints, f"{config.name}.trainer.{self.trainer_id}")
+        else:
+            self.delivery = AtLeastOnceDelivery(self.endpoints)
+        log.info("trainer %s: model %s on %s, %d shards, delivery %s", self.trainer_id,
+                 config.model.factory, self.device, self.shards, config.train.delivery)
+
+    def _loop(self, stop: threading.Event, max_tasks: int | None) -> None:
+        task: ClaimedTask | None = None
+        done = 0
+        while not stop.is_set() and (max_tasks is None or done < max_tasks):
+            if self.lease.lost.is_set():
+                log.warning("trainer %s: membership lease lost (frozen?); registering again", self.trainer_id)
+                self.lease = register_trainer(self.etcd, self.config.name, self.trainer_id, self.lease_ttl_s)
+            if task is None:
+                task = self.tasks.claim()
+                if task is None:
+                    stop.wait(0.2)
+                    continue
+            self._task = task
+            try:
+                metrics = self.train_task(task, stop)
+                done += 1
+                more = not stop.is_set() and (max_tasks is None or done < max_tasks)
+                task = self.tasks.complete(self._task, claim_next=more)
+                self.stats.tasks += 1
+                log.debug("task done: %d examples, loss %s", metrics.examples,
+                          metrics.loss_sum / max(metrics.examples, 1))
+            except _Stopped:
+                self.delivery.discard()
+                self._quietly(lambda t=self._task: self.tasks.release(t))
+                task = None
+            except TaskLostError as exc:
+                log.warning("trainer %s: %s", self.trainer_id, exc)
+                self.delivery.discard()
+                self.stats.lost_tasks += 1
+                task = None
+            except (RangeReadError, DeliveryError) as exc:
+                log.warning("trainer %s: task %s failed: %s", self.trainer_id, task.task_id, exc)
+                self.delivery.discard()
+                self.stats.failed_tasks += 1
+                self._quietly(lambda t=self._task, e=exc: self.tasks.fail(t, str(e)))
+                task = None
+        if task is not None:  # claimed with the last completion, then told to stop
+            self._quietly(lambda t=task: self.tasks.release(t))
+
+    @staticmethod
+    def _quietly(call) -> None:
+        try:
+            call()
+        except TaskLostError:
+            pass
+
+    # -- one task ------------------------------------------------------------------------
+    def train_task(self, task: ClaimedTask, stop: threading.Event) -> TaskMetrics:
+        record = task.record
+        metrics = TaskMetrics(task.task_id, self.trainer_id, record.attempt)
+        self._task, self._metrics = task, metrics
+        self._seq = self._group_batches = self._group_examples = self._since_commit = 0
+        self._heartbeat_at = time.monotonic()
+        self.model.zero_grad(set_to_none=True)
+        self.buffer.clear()
+        pending = []
+        batch_size = self.config.model.batch_size
+        for msg in self.reader.read(record.topic, record.partition, record.start, record.end):
+            if stop.is_set():
+                raise _Stopped()
+            try:
+                example = self.decode(msg.value())
+                self.featurizer.check(example)
+            except (DecodeError, FeatureError) as exc:
+                self._dead_letter(msg, str(exc))
+                continue
+            pending.append(example)
+            metrics.max_event_time_ms = max(metrics.max_event_time_ms, example.event_time_ms)
+            if len(pending) == batch_size:
+                self._train_batch(self.featurizer.batch(pending))
+                pending = []
+        if pending:
+            self._train_batch(self.featurizer.batch(pending))
+        if self._group_batches:
+            self._push()
+        self.delivery.add(self.topics.metrics, metrics.to_json(), task.task_id.encode())
+        self._commit()
+        return metrics
+
+    def _dead_letter(self, msg, reason: str) -> None:
+        self._metrics.bad_records += 1
+        self.stats.bad_records += 1
+        letter = DeadLetter(msg.topic(), msg.partition(), msg.offset(), reason, msg.value() or b"",
+                            self.config.name, int(time.time() * 1000))
+        # Keyed by position: the DLQ is compacted, so a re-run task leaves one entry per record.
+        self.delivery.add(self.topics.dlq, letter.to_json(),
+                          f"{msg.topic()}:{msg.partition()}:{msg.offset()}".encode())
+
+    def _train_batch(self, batch: Batch) -> None:
+        metrics = self._metrics
+        started = time.perf_counter()
+        if self._batches % self.config.train.pull_every == 0:
+            self.sync.pull_dense()
+        self._batches += 1
+        unique, inverse = np.unique(batch.ids, return_inverse=True)
+        tables = {name: self.sync.pull_rows(name, unique, dim) for name, dim in self.model.tables.items()}
+        pulled = time.perf_counter()
+        metrics.pull_s += pulled - started
+
+        inverse_t = self._to(torch.from_numpy(inverse.astype(np.int64)))
+        bags_t = self._to(torch.from_numpy(batch.bags))
+        rows, pooled = {}, {}
+        for name, values in tables.items():
+            rows[name] = self._to(torch.from_numpy(values)).requires_grad_(True)
+            pooled[name] = pool(rows[name], inverse_t, bags_t, batch.size, batch.fields)
+        labels = self._to(torch.from_numpy(batch.labels))
+        logits = self.model(pooled, self._to(torch.from_numpy(batch.dense)))
+        loss = F.binary_cross_entropy_with_logits(logits, labels)
+        loss.backward()
+        with torch.no_grad():
+            scores = torch.sigmoid(logits).cpu().numpy()
+        metrics.observe(batch.labels, scores, float(loss.item()) * batch.size)
+        for name, tensor in rows.items():
+            self.buffer.add_rows(name, unique, tensor.grad.cpu().numpy())
+        metrics.compute_s += time.perf_counter() - pulled
+        self._group_batches += 1
+        self._group_examples += batch.size
+        self.stats.examples += batch.size
+        if self._group_batches == self.config.train.push_every:
+            self._push()
+
+    def _to(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.device.type == "cuda":
+            return tensor.pin_memory().to(self.device, non_blocking=True)
+        return tensor
+
+    def _push(self) -> None:
+        started = time.perf_counter()
+        for delta in self.buffer.deltas(self.layout, self._task.task_id, self._seq, self.trainer_id,
+                                        self.step, self._group_examples):
+            self.delivery.add(self.topics.grad(delta.shard), delta.to_bytes(), self._task.task_id.encode())
+        self.model.zero_grad(set_to_none=True)
+        self._seq += 1
+        self.step += 1
+        self._group_batches = self._group_examples = 0
+        self._since_commit += 1
+        commit_every = self.config.train.commit_every
+        if self.config.train.delivery == "at_least_once" or (commit_every and self._since_commit >= commit_every):
+            self._commit()
+        elif time.monotonic() - self._heartbeat_at > self.config.tasks.timeout_s / 3:
+            self._heartbeat()
+        self._metrics.push_s += time.perf_counter() - started
+
+    def _heartbeat(self) -> None:
+        self._task = self.tasks.heartbeat(self._task)
+        self._heartbeat_at = time.monotonic()
+
+    def _commit(self) -> None:
+        """Check the task is still ours (a zombie learns here that it was requeued), then commit."""
+        self._heartbeat()
+        started = time.perf_counter()
+        self.delivery.commit()
+        self._since_commit = 0
+        self._metrics.push_s += time.perf_counter() - started
