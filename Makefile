@@ -4,7 +4,8 @@ PY := $(VENV)/bin/python
 # A local CPU wheel of torch, when the machine has one, spares the 3 GB CUDA build from PyPI.
 WHEELS := $(wildcard /opt/wheels)
 PIP_FLAGS := $(if $(WHEELS),--find-links $(WHEELS),)
-DURATION ?= 120
+# `make demo DURATION=120` stops the demo after 120 s; empty (the default) runs it until Ctrl-C.
+DURATION ?=
 
 .PHONY: setup system-deps kafka-jars test test-unit demo bench clean
 
@@ -29,7 +30,7 @@ test-unit: $(VENV)/.installed
 	$(PY) -m pytest tests/unit
 
 demo: setup
-	$(VENV)/bin/streamtrain demo
+	$(VENV)/bin/streamtrain demo $(if $(DURATION),--duration $(DURATION),)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

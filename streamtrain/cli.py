@@ -90,12 +90,28 @@ def services(
 @app.command()
 def demo(
     home: HomeOpt = None,
+    port_base: Annotated[Optional[int], typer.Option(
+        "--port-base", help="Ports of the local services, as for `up` [env: STREAMTRAIN_PORT_BASE].",
+        show_default=False)] = None,
+    duration: Annotated[Optional[float], typer.Option(
+        "--duration", help="Stop after this many seconds (default: run until Ctrl-C).",
+        show_default=False)] = None,
+    headless: Annotated[bool, typer.Option(
+        "--headless", help="Print a plain status line every few seconds instead of the live view.")] = False,
     keep: Annotated[bool, typer.Option("--keep", help="Leave the services running.")] = False,
 ) -> None:
-    """Services up, a topic created, an Example record round-tripped, services down."""
+    """Run the demo job: services up, a synthetic click stream, master, 2 pservers and 2 trainers
+    under a supervisor, a live view of lag, AUC and freshness; a summary at the end."""
     from streamtrain.demo import run_demo
 
-    run_demo(_services(home), console, keep_running=keep)
+    try:
+        summary = run_demo(_services(home, port_base), console, duration=duration, headless=headless,
+                           keep_running=keep)
+    except InfraError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    if summary.stray:
+        raise typer.Exit(1)
 
 
 job_app = typer.Typer(help="Inspect and run jobs.", no_args_is_help=True)

@@ -1,59 +1,274 @@
-"""`streamtrain demo`, for now: the foundation end to end on real services.
+"""`streamtrain demo`: a real online-training job on real local Kafka, etcd and Redis.
 
-Services up, the demo job's input topic created, an Example record produced in a Kafka
-transaction and read back with read_committed, services down. The full demo job (producer,
-joiner, master, pservers, trainers, live view) replaces the middle part as those land.
+1. The services come up (or given endpoints are used as they are), the input topic
+   `demo.examples` (2 partitions) is created and a job file for a fresh job `demo-<timestamp>` is
+   written into the state dir: online input, logistic regression on the click model's fields,
+   2 pserver shards checkpointing to `<state dir>/demo/<job>/ckpt`.
+2. A supervisor starts the job's processes as `python -m streamtrain …` children, each logging to
+   `<state dir>/demo/<job>/logs/<name>.log`: the synthetic click producer (labelled examples at
+   ~2000/s), the master, 2 pservers and 2 trainers; it restarts any that exits unexpectedly.
+3. A live view (or, `--headless`, a line every few seconds) shows lag, tasks, throughput,
+   prequential AUC, freshness and the processes.
+4. On Ctrl-C, SIGTERM or the end of `duration`: children get SIGTERM (then SIGKILL after a grace
+   period), the services stop (unless kept or given), and a `DemoSummary` is printed and returned.
 """
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
-from confluent_kafka import Consumer, Producer, TopicPartition
 from rich.console import Console
+from rich.live import Live
 
-from infra import LocalServices
-from infra.clients import TopicSpec, ensure_topics
-from schemas import Example, Topics
+from infra import Endpoints, LocalServices
+from infra.endpoints import ENV_ETCD, ENV_KAFKA, ENV_REDIS
 
-JOB = "demo"
+INPUT_TOPIC = "demo.examples"
+INPUT_PARTITIONS = 2
+PRODUCER_RATE = 2000.0
+PSERVERS = 2
+TRAINERS = 2
+REFRESH_S = 0.5
+HEADLINE_EVERY_S = 5.0
 
 
-def run_demo(services: LocalServices, console: Console, keep_running: bool = False) -> None:
+@dataclass
+class DemoSummary:
+    job: str
+    duration_s: float
+    examples: int  # trained (from the tasks' metrics, each task once)
+    applied: int | None  # applied exactly once by every pserver shard
+    auc: float | None  # final rolling prequential AUC
+    loss: float | None
+    first_auc_s: float | None  # seconds from the demo's start until the first AUC was shown
+    auc_at: dict[int, float | None]  # rolling AUC as shown at 30, 60, 90, 120 … s
+    tasks: dict[str, int]
+    restarts: dict[str, int]
+    pids: list[int]  # every child process the supervisor ever started
+    killed: list[str]  # children that needed SIGKILL at the end
+    stray: list[int]  # child pids still alive after the demo: should always be empty
+    state_dir: str
+    log_dir: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class DemoPlan:
+    """Where a demo run keeps its files, and its job file."""
+
+    job: str
+    root: Path
+    job_file: Path = field(init=False)
+    log_dir: Path = field(init=False)
+    checkpoints: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.job_file = self.root / "job.toml"
+        self.log_dir = self.root / "logs"
+        self.checkpoints = self.root / "ckpt"
+
+
+def job_toml(job: str, checkpoint_uri: str) -> str:
+    from producers.clickmodel import ClickModel
+
+    model = ClickModel()
+    fields = ", ".join(f'"{f}"' for f in model.fields)
+    return f"""\
+# Written by `streamtrain demo`; keys: docs/job-config.md
+[job]
+name = "{job}"
+
+[input]
+topics = ["{INPUT_TOPIC}"]
+format = "json"
+passes = 0               # online: follow the live stream
+start_from = "latest"    # the topic outlives demo runs: train on this run's records only
+
+[tasks]
+max_records = 1000
+linger_ms = 300
+timeout_s = 20
+
+[model]
+factory = "trainer.models:LogisticRegression"
+sparse_fields = [{fields}]
+dense_features = {model.dense_features}
+batch_size = 256
+
+[train]
+commit_every = 1
+learning_rate = 0.1
+
+[pservers]
+count = {PSERVERS}
+checkpoint_uri = "{checkpoint_uri}"
+checkpoint_every_s = 30
+"""
+
+
+def prepare(endpoints: Endpoints, home: Path, job: str | None = None) -> DemoPlan:
+    """Topics and job file of a fresh demo job."""
+    from infra.clients import TopicSpec, ensure_topics
+    from schemas import Topics
+
+    job = job or time.strftime("demo-%Y%m%d-%H%M%S")
+    plan = DemoPlan(job, home / "demo" / job)
+    plan.log_dir.mkdir(parents=True, exist_ok=True)
+    plan.checkpoints.mkdir(parents=True, exist_ok=True)
+    plan.job_file.write_text(job_toml(job, plan.checkpoints.as_uri()))
+    # The metrics topic as trainers would create it, so the view can assign it from the start.
+    ensure_topics(endpoints, [TopicSpec(INPUT_TOPIC, INPUT_PARTITIONS), TopicSpec(Topics(job).metrics)])
+    return plan
+
+
+def start_children(supervisor, plan: DemoPlan) -> None:
+    supervisor.add("master", ["master", "--job", str(plan.job_file)])
+    for i in range(PSERVERS):
+        supervisor.add(f"pserver-{i}", ["pserver", "--job", plan.job, "--index", str(i)])
+    for i in range(TRAINERS):
+        supervisor.add(f"trainer-{i}", ["trainer", "--job", plan.job, "--id", f"trainer-{i}"])
+    supervisor.add("producer", ["produce", "synthetic", "--labelled", "--topic", INPUT_TOPIC,
+                                "--rate", str(PRODUCER_RATE), "--partitions", str(INPUT_PARTITIONS)])
+
+
+def run_demo(target: LocalServices | Endpoints, console: Console, *, home: Path | None = None,
+             duration: float | None = None, headless: bool = False, keep_running: bool = False,
+             job: str | None = None) -> DemoSummary:
+    """Run the demo job until `duration` seconds pass, or SIGINT/SIGTERM.
+
+    `target` is either local services to bring up (and stop at the end unless `keep_running`),
+    or the endpoints of running services, used as they are and never stopped; then `home` names
+    the dir for the job file, logs and checkpoints.
+    """
+    from streamtrain.live import JobMonitor, headline, render
+    from streamtrain.supervisor import Supervisor, pid_alive
+
+    started = time.monotonic()
     console.rule("streamtrain demo")
-    try:
-        for name, took in services.up().items():
+    local = target if isinstance(target, LocalServices) else None
+    if local is not None:
+        for name, took in local.up().items():
             console.print(f"{name:6} " + ("already running" if took is None else f"ready in {took:.1f} s"))
-        endpoints = services.endpoints
-        topics = Topics(JOB)
-        ensure_topics(endpoints, [TopicSpec(topics.examples, partitions=2)])
-        console.print(f"topic  {topics.examples} (2 partitions)")
-
-        sent = Example(sparse={"user": (42,), "ad": (7, 9)}, dense=(0.5, 1.25), label=1.0,
-                       event_time_ms=int(time.time() * 1000))
-        producer = Producer({"bootstrap.servers": endpoints.kafka,
-                             "transactional.id": f"{JOB}.demo-producer"})
-        producer.init_transactions(30)
-        producer.begin_transaction()
-        producer.produce(topics.examples, value=sent.to_bytes(), partition=0)
-        producer.commit_transaction(30)
-
-        consumer = Consumer({"bootstrap.servers": endpoints.kafka, "group.id": f"{JOB}.demo",
-                             "isolation.level": "read_committed", "enable.auto.commit": False})
-        _, end = consumer.get_watermark_offsets(TopicPartition(topics.examples, 0), timeout=10)
-        # The record sits just before its transaction's commit marker, which occupies an offset.
-        consumer.assign([TopicPartition(topics.examples, 0, max(0, end - 2))])
-        received = None
-        deadline = time.monotonic() + 20
-        while received is None and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is not None and not msg.error():
-                received = Example.from_bytes(msg.value())
-        consumer.close()
-        if received != sent:
-            raise SystemExit(f"round trip failed: sent {sent}, got {received}")
-        console.print(f"record {received}")
-        console.print("[green]round trip through Kafka (transactional, read_committed) ok[/green]")
+        endpoints, home = local.endpoints, home or local.home
+    else:
+        endpoints = target
+        if home is None:
+            raise ValueError("run_demo: give `home` (the state dir) with explicit endpoints")
+    stop = threading.Event()
+    restore = _stop_on_signals(stop)
+    supervisor = monitor = None
+    snap = None
+    events: list[str] = []
+    try:
+        plan = prepare(endpoints, home, job)
+        console.print(f"job    {plan.job}", highlight=False)
+        console.print(f"file   {plan.job_file}", highlight=False, soft_wrap=True)
+        console.print(f"logs   {plan.log_dir}", highlight=False, soft_wrap=True)
+        supervisor = Supervisor({ENV_KAFKA: endpoints.kafka, ENV_ETCD: endpoints.etcd,
+                                 ENV_REDIS: endpoints.redis}, plan.log_dir)
+        start_children(supervisor, plan)
+        monitor = JobMonitor(endpoints, plan.job, PSERVERS, started)
+        deadline = None if duration is None else started + duration
+        if headless:
+            snap = _loop_headless(console, supervisor, monitor, stop, deadline, events, headline)
+        else:
+            with Live(console=console, refresh_per_second=2, transient=False) as live:
+                def show(s):
+                    live.update(render(s, supervisor, plan.job, events))
+                snap = _loop(supervisor, monitor, stop, deadline, events, show)
     finally:
-        if not keep_running:
-            console.print(f"stopped: {', '.join(services.down()) or 'nothing'}")
+        killed = supervisor.stop() if supervisor is not None else []
+        if monitor is not None:
+            try:
+                snap = monitor.sample()  # the last metrics committed before the children stopped
+            except Exception:  # noqa: BLE001
+                pass
+            monitor.close()
+        restore()
+        if local is not None and not keep_running:
+            console.print(f"stopped: {', '.join(local.down()) or 'nothing'}")
+    pids = supervisor.all_pids()
+    summary = DemoSummary(
+        job=plan.job, duration_s=round(time.monotonic() - started, 1),
+        examples=snap.examples if snap else 0, applied=snap.applied if snap else None,
+        auc=snap.auc if snap else None, loss=snap.loss if snap else None,
+        first_auc_s=None if monitor.first_auc_s is None else round(monitor.first_auc_s, 1),
+        auc_at=_auc_at(monitor.auc_history, snap.elapsed_s if snap else 0),
+        tasks=dict(snap.queues) if snap else {}, restarts=supervisor.restarts, pids=pids,
+        killed=killed, stray=[p for p in pids if pid_alive(p)],
+        state_dir=str(home), log_dir=str(plan.log_dir))
+    print_summary(console, summary)
+    return summary
+
+
+def _loop(supervisor, monitor, stop, deadline, events, show):
+    snap = None
+    while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+        events.extend(supervisor.poll())
+        snap = monitor.sample()
+        show(snap)
+        stop.wait(REFRESH_S if deadline is None else max(0.0, min(REFRESH_S, deadline - time.monotonic())))
+    return snap
+
+
+def _loop_headless(console, supervisor, monitor, stop, deadline, events, headline):
+    last = [0.0]
+
+    def show(snap):
+        while events:
+            console.print(f"event: {events.pop(0)}", highlight=False, markup=False)
+        if time.monotonic() - last[0] >= HEADLINE_EVERY_S:
+            last[0] = time.monotonic()
+            console.print(headline(snap, supervisor), highlight=False, markup=False, soft_wrap=True)
+
+    return _loop(supervisor, monitor, stop, deadline, events, show)
+
+
+def _auc_at(history: list[tuple[float, float]], elapsed: float, every: int = 30) -> dict[int, float | None]:
+    marks = {}
+    for t in range(every, int(elapsed) + 1, every):
+        shown = [auc for at, auc in history if at <= t]
+        marks[t] = round(shown[-1], 4) if shown else None
+    return marks
+
+
+def _stop_on_signals(stop: threading.Event):
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        signal.signal(sig, lambda *_: stop.set())
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore
+
+
+def print_summary(console: Console, s: DemoSummary) -> None:
+    console.rule("demo summary")
+    auc = "–" if s.auc is None else f"{s.auc:.4f}"
+    first = "never" if s.first_auc_s is None else f"{s.first_auc_s:.0f} s after start"
+    marks = "  ".join(f"{t}s {'–' if a is None else f'{a:.4f}'}" for t, a in s.auc_at.items())
+    restarts = sum(s.restarts.values())
+    console.print(f"job                 {s.job}")
+    console.print(f"duration            {s.duration_s:.0f} s")
+    console.print(f"examples trained    {s.examples:,}"
+                  + ("" if s.applied is None else f"  (applied by every shard: {s.applied:,})"))
+    console.print(f"prequential AUC     {auc}  (rolling, last tasks; first shown {first})")
+    if marks:
+        console.print(f"AUC over time       {marks}")
+    console.print("tasks               " + "  ".join(f"{k} {v}" for k, v in s.tasks.items()))
+    console.print(f"restarts            {restarts}"
+                  + ("" if not restarts else "  (" + ", ".join(f"{k} {v}" for k, v in s.restarts.items() if v) + ")"))
+    if s.killed:
+        console.print(f"[yellow]needed SIGKILL[/yellow]      {', '.join(s.killed)}")
+    console.print("stray processes     " + ("none" if not s.stray else f"[red]{s.stray}[/red]"))
+    console.print(f"logs                {s.log_dir}")

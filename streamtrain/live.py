@@ -1,0 +1,233 @@
+"""The demo's view of a running job: what it reads (`JobMonitor`) and how it shows it (`render`
+for the rich live table, `headline` for the one-line headless log).
+
+Sources, all read-only:
+- `master.status.job_status`: task queues, per-partition lag (stable end − trained watermark);
+- `<job>.metrics` (read_committed, assigned from the beginning): one record per finished task,
+  with loss, prequential AUC, examples, timings and the newest event time it trained on;
+- Redis `RedisKeys(job).stats(i)`: each pserver shard's counters (version, deltas, examples
+  applied exactly once, checkpoints).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from infra import Endpoints
+from streamtrain.supervisor import Supervisor
+
+ROLLING_TASKS = 20
+RATE_WINDOW_S = 10.0
+
+
+@dataclass
+class Snapshot:
+    """One reading of the job, taken by `JobMonitor.sample`."""
+
+    elapsed_s: float
+    queues: dict[str, int] = field(default_factory=dict)
+    lag: int | None = None  # records in the input not yet trained, all partitions
+    lag_by_partition: dict[str, int | None] = field(default_factory=dict)
+    leader: str | None = None
+    trainers: int = 0
+    pservers: int = 0
+    tasks_reported: int = 0
+    examples: int = 0  # trained, from the tasks' metrics (each task once)
+    examples_per_s: float | None = None
+    applied: int | None = None  # applied exactly once by every shard (min over shards)
+    auc: float | None = None  # prequential, rolling over the last ROLLING_TASKS tasks
+    loss: float | None = None
+    event_to_trained_s: float | None = None  # median over the rolling tasks
+    newest_trained_age_s: float | None = None  # now − newest event time trained on
+    timings: dict[str, float] = field(default_factory=dict)  # per-task means, seconds
+    shards: list[dict] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+class JobMonitor:
+    """Reads the job's status, metrics and shard stats; keep one for the whole run."""
+
+    def __init__(self, endpoints: Endpoints, job: str, pservers: int, started: float) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        from infra.clients import redis_client
+        from master.etcd import Etcd
+        from master.offsets import InputOffsets
+        from schemas import RedisKeys, Topics
+
+        self.job = job
+        self.started = started
+        self.etcd = Etcd.connect(endpoints)
+        self.offsets = InputOffsets(endpoints)
+        self.redis = redis_client(endpoints)
+        self.stats_keys = [RedisKeys(job).stats(i) for i in range(pservers)]
+        self.consumer = Consumer({
+            "bootstrap.servers": endpoints.kafka, "group.id": f"{job}.demo-view",
+            "enable.auto.commit": False, "isolation.level": "read_committed",
+        })
+        self.consumer.assign([TopicPartition(Topics(job).metrics, 0, OFFSET_BEGINNING)])
+        self.recent: deque[dict] = deque(maxlen=ROLLING_TASKS)
+        self.seen: set[str] = set()
+        self.examples = 0
+        self.rate_samples: deque[tuple[float, int]] = deque()
+        self.first_auc_s: float | None = None
+        self.auc_history: list[tuple[float, float]] = []  # (elapsed s, rolling AUC), every sample
+
+    def close(self) -> None:
+        for closer in (self.consumer.close, self.etcd.close, self.redis.close):
+            try:
+                closer()
+            except Exception:  # noqa: BLE001  closing is best effort
+                pass
+
+    def _read_metrics(self) -> None:
+        while True:
+            batch = self.consumer.consume(500, timeout=0.05)
+            if not batch:
+                return
+            for msg in batch:
+                if msg.error():
+                    continue
+                try:
+                    doc = json.loads(msg.value())
+                except ValueError:
+                    continue
+                task = doc.get("task_id")
+                if task in self.seen:  # a re-run task (timeout, zombie): count it once
+                    continue
+                self.seen.add(task)
+                self.examples += int(doc.get("examples") or 0)
+                if doc.get("examples"):
+                    self.recent.append(doc)
+
+    def sample(self) -> Snapshot:
+        from master.status import job_status
+
+        now_wall, now = time.time(), time.monotonic()
+        snap = Snapshot(elapsed_s=now - self.started)
+        try:
+            status = job_status(self.etcd, self.offsets, self.job)
+            snap.queues = status.queues
+            snap.lag_by_partition = {f"{p.topic}:{p.partition}": p.lag for p in status.partitions}
+            lags = [p.lag for p in status.partitions]
+            snap.lag = sum(lags) if lags and None not in lags else None
+            snap.leader = status.leader.get("master") if status.leader else None
+            snap.trainers = len(status.members.trainers)
+            snap.pservers = len(status.members.pservers)
+        except Exception as exc:  # noqa: BLE001  the view never dies of a slow service
+            snap.errors.append(f"status: {exc}")
+        try:
+            self._read_metrics()
+        except Exception as exc:  # noqa: BLE001
+            snap.errors.append(f"metrics: {exc}")
+        try:
+            raw = self.redis.mget(self.stats_keys)
+            snap.shards = [json.loads(r) if r else {} for r in raw]
+            applied = [s.get("examples") for s in snap.shards]
+            snap.applied = min(applied) if applied and None not in applied else None
+        except Exception as exc:  # noqa: BLE001
+            snap.errors.append(f"shard stats: {exc}")
+
+        snap.tasks_reported = len(self.seen)
+        snap.examples = self.examples
+        self.rate_samples.append((now, self.examples))
+        while len(self.rate_samples) > 2 and now - self.rate_samples[1][0] >= RATE_WINDOW_S:
+            self.rate_samples.popleft()
+        (t0, n0) = self.rate_samples[0]
+        if now - t0 >= 1.0:
+            snap.examples_per_s = (self.examples - n0) / (now - t0)
+
+        recent = list(self.recent)
+        scored = [d for d in recent if d.get("auc") is not None]
+        if scored:
+            weight = sum(d["examples"] for d in scored)
+            snap.auc = sum(d["auc"] * d["examples"] for d in scored) / weight
+            if self.first_auc_s is None:
+                self.first_auc_s = snap.elapsed_s
+            self.auc_history.append((snap.elapsed_s, snap.auc))
+        with_loss = [d for d in recent if d.get("loss") is not None]
+        if with_loss:
+            snap.loss = (sum(d["loss"] * d["examples"] for d in with_loss)
+                         / sum(d["examples"] for d in with_loss))
+        timed = [d for d in recent if d.get("max_event_time_ms") and d.get("finished_at")]
+        if timed:
+            snap.event_to_trained_s = statistics.median(
+                d["finished_at"] - d["max_event_time_ms"] / 1000 for d in timed)
+            snap.newest_trained_age_s = now_wall - max(d["max_event_time_ms"] for d in timed) / 1000
+        if recent:
+            snap.timings = {k: statistics.fmean(d.get(k) or 0.0 for d in recent)
+                            for k in ("pull_s", "compute_s", "push_s")}
+        return snap
+
+
+# ------------------------------------------------------------------------------ rendering
+
+
+def _num(value: float | int | None, fmt: str = "{:,.0f}", none: str = "–") -> str:
+    return none if value is None else fmt.format(value)
+
+
+def headline(snap: Snapshot, supervisor: Supervisor) -> str:
+    """One plain line for logs and CI."""
+    q = snap.queues
+    procs = " ".join(f"{c.name}:{'up' if c.state == 'running' else c.state}"
+                     + (f"(r{c.restarts})" if c.restarts else "") for c in supervisor.children.values())
+    return (f"t={snap.elapsed_s:5.0f}s lag={_num(snap.lag)} "
+            f"tasks todo/pending/done/failed={q.get('todo', '?')}/{q.get('pending', '?')}/"
+            f"{q.get('done', '?')}/{q.get('failed', '?')} examples={snap.examples} "
+            f"ex/s={_num(snap.examples_per_s)} auc={_num(snap.auc, '{:.4f}')} "
+            f"loss={_num(snap.loss, '{:.4f}')} event->trained={_num(snap.event_to_trained_s, '{:.1f}s')} "
+            f"[{procs}]")
+
+
+def render(snap: Snapshot, supervisor: Supervisor, job: str, events: list[str]) -> Group:
+    """The live screen: job, model quality, freshness, shards, processes, recent events."""
+    top = Table.grid(padding=(0, 2))
+    top.add_column(style="bold")
+    top.add_column()
+    q = snap.queues
+    top.add_row("job", f"{job}   {snap.elapsed_s:,.0f} s   leader {snap.leader or '[red]none[/red]'}   "
+                       f"trainers {snap.trainers}   pservers {snap.pservers}")
+    parts = "  ".join(f"{p} {_num(v)}" for p, v in sorted(snap.lag_by_partition.items()))
+    top.add_row("input lag", f"{_num(snap.lag)} records" + (f"   ({parts})" if parts else ""))
+    top.add_row("tasks", f"todo {q.get('todo', '–')}   pending {q.get('pending', '–')}   "
+                         f"done {q.get('done', '–')}   failed {q.get('failed', '–')}")
+    top.add_row("throughput", f"{_num(snap.examples_per_s)} examples/s   {snap.examples:,} trained "
+                              f"({snap.tasks_reported:,} tasks)   {_num(snap.applied)} applied by every shard")
+    auc = _num(snap.auc, "{:.4f}")
+    top.add_row("quality", f"prequential AUC [bold green]{auc}[/bold green]   log-loss "
+                           f"{_num(snap.loss, '{:.4f}')}   (last {ROLLING_TASKS} tasks, example-weighted)")
+    top.add_row("freshness", f"event → task trained {_num(snap.event_to_trained_s, '{:.1f} s')} "
+                             f"(median, last {ROLLING_TASKS})   newest trained event "
+                             f"{_num(snap.newest_trained_age_s, '{:.1f} s')} old")
+    if snap.timings:
+        top.add_row("per task", "   ".join(f"{k[:-2]} {v:.2f} s" for k, v in snap.timings.items()))
+
+    shards = Table("shard", "version", "deltas", "examples applied", "dropped dups", "checkpoints",
+                   title="pserver shards", title_justify="left", expand=False)
+    for i, s in enumerate(snap.shards):
+        shards.add_row(str(i), _num(s.get("version")), _num(s.get("deltas")), _num(s.get("examples")),
+                       _num(s.get("dropped")), _num(s.get("checkpoints")))
+
+    procs = Table("process", "state", "pid", "restarts", "last exit", title="processes",
+                  title_justify="left")
+    colours = {"running": "green", "restarting": "yellow", "stopped": "dim"}
+    for c in supervisor.children.values():
+        colour = colours.get(c.state, "red")
+        procs.add_row(c.name, f"[{colour}]{c.state}[/{colour}]", _num(c.pid, "{}"), str(c.restarts),
+                      _num(c.last_exit, "{}"))
+
+    parts = [top, shards, procs]
+    if events or snap.errors:
+        parts.append(Text("\n".join([*events[-5:], *snap.errors]), style="dim"))
+    parts.append(Text("Ctrl-C stops the demo (children get SIGTERM, then the services stop).",
+                      style="dim"))
+    return Group(*parts)

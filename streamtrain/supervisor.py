@@ -1,0 +1,175 @@
+"""A tiny process supervisor for the demo: start `streamtrain …` children, restart the ones that
+exit unexpectedly (with exponential backoff, counting restarts), stop them all on request.
+
+What Kubernetes (restartPolicy: Always, CrashLoopBackOff) does for a real deployment, reduced to
+one machine. Children run in their own session, so a Ctrl-C in the terminal reaches only the
+supervisor, which then stops them in order: SIGTERM, a grace period, SIGKILL for stragglers. On
+Linux each child also asks the kernel for SIGTERM should the supervisor die without cleaning up
+(PR_SET_PDEATHSIG), so even a SIGKILLed demo leaves no stray process.
+
+Not thread-safe: call `poll()` and `stop()` from the thread that called `start()` (the parent-death
+signal is tied to the thread that forked the child).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+@dataclass
+class Child:
+    """One supervised command and what happened to it so far."""
+
+    name: str
+    args: list[str]
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    state: str = "new"  # new | running | restarting | stopped | exited
+    restarts: int = 0
+    last_exit: int | None = None
+    started_at: float = 0.0
+    restart_at: float = 0.0
+    backoff_s: float = 0.0
+    pids: list[int] = field(default_factory=list)  # every pid this child ever had
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+
+
+class Supervisor:
+    """Starts children as `python -m streamtrain ARGS`, with `env` added to this process's
+    environment and stdout/stderr appended to `<log_dir>/<name>.log`."""
+
+    def __init__(self, env: Mapping[str, str], log_dir: Path, *, min_backoff_s: float = 1.0,
+                 max_backoff_s: float = 30.0, healthy_after_s: float = 60.0,
+                 grace_s: float = 15.0) -> None:
+        self.env = {**os.environ, **env}
+        self.log_dir = log_dir
+        self.min_backoff_s = min_backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.healthy_after_s = healthy_after_s
+        self.grace_s = grace_s
+        self.children: dict[str, Child] = {}
+        self.stopping = False
+        log_dir.mkdir(parents=True, exist_ok=True)
+
+    def add(self, name: str, args: Sequence[str]) -> Child:
+        if name in self.children:
+            raise ValueError(f"child {name!r} already supervised")
+        child = Child(name, list(args), self.log_dir / f"{name}.log")
+        self.children[name] = child
+        self._spawn(child)
+        return child
+
+    def _spawn(self, child: Child) -> None:
+        with open(child.log_path, "ab") as log:
+            log.write(f"--- {time.strftime('%H:%M:%S')} supervisor: starting {child.name} "
+                      f"(restart {child.restarts})\n".encode())
+            log.flush()
+            child.proc = subprocess.Popen(
+                [sys.executable, "-m", "streamtrain", *child.args], env=self.env,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        child.pids.append(child.proc.pid)
+        child.state = "running"
+        child.started_at = time.monotonic()
+
+    def poll(self) -> list[str]:
+        """Notice exits and start due restarts; returns a line per event (for the view's log)."""
+        events = []
+        if self.stopping:
+            return events
+        now = time.monotonic()
+        for child in self.children.values():
+            if child.state == "running" and child.proc is not None and child.proc.poll() is not None:
+                child.last_exit = child.proc.returncode
+                ran = now - child.started_at
+                # A child that ran a good while before failing starts over with the short backoff.
+                child.backoff_s = (self.min_backoff_s if ran >= self.healthy_after_s or not child.backoff_s
+                                   else min(child.backoff_s * 2, self.max_backoff_s))
+                child.restart_at = now + child.backoff_s
+                child.state = "restarting"
+                events.append(f"{child.name} exited with {child.last_exit} after {ran:.0f} s; "
+                              f"restarting in {child.backoff_s:.0f} s")
+            elif child.state == "restarting" and now >= child.restart_at:
+                child.restarts += 1
+                self._spawn(child)
+                events.append(f"{child.name} restarted (pid {child.proc.pid}, restart {child.restarts})")
+        return events
+
+    def stop(self) -> list[str]:
+        """SIGTERM every running child, wait up to the grace period, SIGKILL the rest, reap all.
+        Returns the names of the children that had to be killed."""
+        self.stopping = True
+        running = [c for c in self.children.values() if c.proc is not None and c.proc.poll() is None]
+        for child in running:
+            _signal(child.proc, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_s
+        for child in running:
+            try:
+                child.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        killed = []
+        for child in running:
+            if child.proc.poll() is None:
+                killed.append(child.name)
+                _signal(child.proc, signal.SIGKILL)
+                child.proc.wait(10)
+        for child in self.children.values():
+            if child.proc is not None:
+                child.last_exit = child.proc.poll() if child.state == "running" else child.last_exit
+            child.state = "stopped"
+        return killed
+
+    def all_pids(self) -> list[int]:
+        return [pid for child in self.children.values() for pid in child.pids]
+
+    @property
+    def restarts(self) -> dict[str, int]:
+        return {name: c.restarts for name, c in self.children.items()}
+
+
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        # The child leads its own process group: signal the group, so anything it spawned goes too.
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+
+def pid_alive(pid: int) -> bool:
+    """True if a process with this pid exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
