@@ -30,7 +30,7 @@ from master.config import JobConfig
 from master.errors import MasterError
 from master.etcd import Etcd
 from master.membership import read_job_config, register_pserver
-from master.offsets import InputOffsets
+from master.offsets import InputOffsets, InputUnavailableError
 from pserver.checkpoint import CheckpointStore
 from pserver.optimizers import make_rule
 from pserver.serving import Publisher
@@ -193,8 +193,20 @@ class PserverShard:
             self.dlq.flush(10)
             self.redis.close()
 
+    def _bounds(self, earliest: bool = True, attempts: int = 30):
+        """The gradient partition's offsets; retried, since a topic just created has no
+        leader for a moment."""
+        for attempt in range(attempts):
+            try:
+                return self.admin.bounds([(self.grad_topic, 0)], earliest)[(self.grad_topic, 0)]
+            except InputUnavailableError as exc:
+                if attempt == attempts - 1:
+                    raise
+                log.info("shard %s: %s; retrying", self.index, exc)
+                time.sleep(1.0)
+
     def _check_retention(self) -> None:
-        earliest = self.admin.bounds([(self.grad_topic, 0)])[(self.grad_topic, 0)].earliest
+        earliest = self._bounds().earliest
         if earliest > self.next_offset:
             log.error("shard %d: %s kept no offsets below %d but the checkpoint resumes at %d: "
                       "the updates in between are lost; checkpoint more often than the topic's "
@@ -202,7 +214,7 @@ class PserverShard:
             self.next_offset = earliest
 
     def _stable_end(self) -> int:
-        return self.admin.bounds([(self.grad_topic, 0)], earliest=False)[(self.grad_topic, 0)].stable_end
+        return self._bounds(earliest=False).stable_end
 
     def _replay(self, stop: threading.Event) -> None:
         """Apply everything committed before start-up without publishing row by row: the

@@ -30,7 +30,7 @@ from master.errors import MasterError, TaskLostError
 from master.etcd import Etcd
 from master.membership import read_job_config, register_trainer
 from master.tasks import ClaimedTask, TaskClient
-from pserver.serving import ParamClient
+from pserver.serving import ParamClient, ParamsUnavailableError
 from pserver.sharding import SlotMap
 from schemas import DeadLetter, EtcdKeys, Topics
 from trainer.decoders import DecodeError, make_decoder
@@ -165,7 +165,10 @@ class Trainer:
                 self.stats.tasks += 1
                 log.debug("task done: %d examples, loss %s", metrics.examples,
                           metrics.loss_sum / max(metrics.examples, 1))
-            except _Stopped:
+            except (_Stopped, ParamsUnavailableError) as exc:
+                if isinstance(exc, ParamsUnavailableError):
+                    log.warning("trainer %s: %s; giving the task back", self.trainer_id, exc)
+                    stop.wait(exc.retry_after)
                 self.delivery.discard()
                 self._quietly(lambda t=self._task: self.tasks.release(t))
                 task = None

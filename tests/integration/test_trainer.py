@@ -149,6 +149,23 @@ def dead_letters(services: Endpoints, job: str) -> list[DeadLetter]:
     return [d for _, d in found]
 
 
+def test_at_least_once_delivery_trains_without_transactions(services, etcd, redis_conn, topic_factory,
+                                                           unique, tmp_path) -> None:
+    train = MODEL.examples(8_000)
+    topic = topic_factory("alo", partitions=2)
+    counts = write_examples(services, topic, [e.to_json() for e in train], 2)
+    config = make_job(unique("alo"), topic, tmp_path, delivery="at_least_once", commit_every=0)
+    coord, background = Etcd.connect(services), Background()
+    try:
+        run_job(services, coord, config, background, trainers=1)
+        wait_for(lambda: finished(coord, config.name), 120, "the job's single pass", interval=0.5)
+        # No fault, so at-least-once happens to be exactly once here.
+        wait_for(lambda: applied_exactly(redis_conn, config.name, counts, topic), 30, "pservers applied all")
+    finally:
+        background.close()
+        coord.close()
+
+
 def test_one_percent_garbage_trains_as_well_and_lands_exactly_in_the_dlq(services, etcd, redis_conn, topic_factory,
                                                                          unique, tmp_path) -> None:
     train = MODEL.examples(40_000)
@@ -182,7 +199,7 @@ def trainer_process(services, job: str, name: str, log_dir: Path) -> Streamtrain
     return StreamtrainProcess(services, ["trainer", "--job", job, "--id", name, "--lease-ttl-s", "2"], name, log_dir)
 
 
-@pytest.mark.parametrize("fault", ["sigkill", "sigstop"])
+@pytest.mark.parametrize("fault", ["sigkill", "sigstop", "sigterm"])
 def test_a_task_redone_after_a_killed_or_frozen_trainer_is_applied_exactly_once(
         fault, services, etcd, redis_conn, topic_factory, unique, tmp_path) -> None:
     train = MODEL.examples(12_000)
@@ -198,7 +215,11 @@ def test_a_task_redone_after_a_killed_or_frozen_trainer_is_applied_exactly_once(
         victim = trainer_process(services, config.name, "victim", tmp_path)
         wait_for(lambda: any(s.get("deltas", 0) >= 10 for s in shard_stats(redis_conn, config.name)), 60,
                  "the victim's first commits", interval=0.02)
-        victim.kill(signal.SIGKILL if fault == "sigkill" else signal.SIGSTOP)
+        victim.kill({"sigkill": signal.SIGKILL, "sigstop": signal.SIGSTOP, "sigterm": signal.SIGTERM}[fault])
+        if fault == "sigterm":  # a clean stop: the task is released at once, not left to time out
+            assert victim.wait(30) == 0
+            released = [json.loads(e.value) for e in coord.range(EtcdKeys(config.name).tasks("todo"))]
+            assert any(t["attempt"] == 0 and t["trainer_id"] is None for t in released)
         background.start(lambda stop: Trainer(services, config.name, "rescuer", lease_ttl_s=2).run(stop))
         if fault == "sigstop":
             # Resume the zombie once its task has been requeued and redone by the rescuer.
