@@ -18,6 +18,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from rich.live import Live
 
 from infra import Endpoints, LocalServices
 from infra.endpoints import ENV_ETCD, ENV_KAFKA, ENV_REDIS
+from streamtrain.supervisor import Supervisor
 
 INPUT_TOPIC = "demo.examples"
 INPUT_PARTITIONS = 2
@@ -139,15 +141,17 @@ def start_children(supervisor, plan: DemoPlan) -> None:
 
 def run_demo(target: LocalServices | Endpoints, console: Console, *, home: Path | None = None,
              duration: float | None = None, headless: bool = False, keep_running: bool = False,
-             job: str | None = None) -> DemoSummary:
+             job: str | None = None,
+             on_tick: Callable[[float, Supervisor], None] | None = None) -> DemoSummary:
     """Run the demo job until `duration` seconds pass, or SIGINT/SIGTERM.
 
     `target` is either local services to bring up (and stop at the end unless `keep_running`),
     or the endpoints of running services, used as they are and never stopped; then `home` names
-    the dir for the job file, logs and checkpoints.
+    the dir for the job file, logs and checkpoints. `on_tick(elapsed_s, supervisor)` is called
+    on every refresh (tests use it to inject faults).
     """
     from streamtrain.live import JobMonitor, headline, render
-    from streamtrain.supervisor import Supervisor, pid_alive
+    from streamtrain.supervisor import pid_alive
 
     started = time.monotonic()
     console.rule("streamtrain demo")
@@ -176,12 +180,12 @@ def run_demo(target: LocalServices | Endpoints, console: Console, *, home: Path 
         monitor = JobMonitor(endpoints, plan.job, PSERVERS, started)
         deadline = None if duration is None else started + duration
         if headless:
-            snap = _loop_headless(console, supervisor, monitor, stop, deadline, events, headline)
+            snap = _loop_headless(console, supervisor, monitor, stop, deadline, events, headline, on_tick)
         else:
             with Live(console=console, refresh_per_second=2, transient=False) as live:
                 def show(s):
                     live.update(render(s, supervisor, plan.job, events))
-                snap = _loop(supervisor, monitor, stop, deadline, events, show)
+                snap = _loop(supervisor, monitor, stop, deadline, events, show, on_tick)
     finally:
         killed = supervisor.stop() if supervisor is not None else []
         if monitor is not None:
@@ -207,9 +211,11 @@ def run_demo(target: LocalServices | Endpoints, console: Console, *, home: Path 
     return summary
 
 
-def _loop(supervisor, monitor, stop, deadline, events, show):
+def _loop(supervisor, monitor, stop, deadline, events, show, on_tick=None):
     snap = None
     while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+        if on_tick is not None:
+            on_tick(time.monotonic() - monitor.started, supervisor)
         events.extend(supervisor.poll())
         snap = monitor.sample()
         show(snap)
@@ -217,7 +223,7 @@ def _loop(supervisor, monitor, stop, deadline, events, show):
     return snap
 
 
-def _loop_headless(console, supervisor, monitor, stop, deadline, events, headline):
+def _loop_headless(console, supervisor, monitor, stop, deadline, events, headline, on_tick=None):
     last = [0.0]
 
     def show(snap):
@@ -227,7 +233,7 @@ def _loop_headless(console, supervisor, monitor, stop, deadline, events, headlin
             last[0] = time.monotonic()
             console.print(headline(snap, supervisor), highlight=False, markup=False, soft_wrap=True)
 
-    return _loop(supervisor, monitor, stop, deadline, events, show)
+    return _loop(supervisor, monitor, stop, deadline, events, show, on_tick)
 
 
 def _auc_at(history: list[tuple[float, float]], elapsed: float, every: int = 30) -> dict[int, float | None]:
