@@ -18,7 +18,6 @@ class KafkaSink:
             "bootstrap.servers": bootstrap,
             "enable.idempotence": True,
             "linger.ms": 5,
-            "compression.type": "lz4",
         }
         conf.update(extra or {})
         self._producer = Producer(conf)
@@ -39,7 +38,7 @@ class KafkaSink:
         self._producer.poll(0)
         self._raise_failures()
 
-    def flush(self, timeout: float = 30.0) -> None:
+    def flush(self, timeout: float = 120.0) -> None:
         left = self._producer.flush(timeout)
         self._raise_failures()
         if left:
