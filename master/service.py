@@ -25,6 +25,7 @@ from master.leader import LeaderLock
 from master.offsets import InputOffsets, InputUnavailableError, Partition
 from pserver.sharding import SlotMap
 from schemas import EtcdKeys, PartitionCursor, SchemaError, TaskRecord
+from streamtrain.observability import MasterMetrics
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +63,14 @@ class Master:
         self._members: dict[str, set[str]] = {"trainers": set(), "ps": set()}
         self._ignored: set[Partition] = set()
         self._compact_mark: tuple[float, int] | None = None
+        self.metrics = MasterMetrics.for_job(config.name)
 
     # -- life cycle ----------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         """Wait as standby, lead until `stop`; raises NotLeaderError if the lock is lost."""
         if not self.lock.acquire(stop):
             return
+        self.metrics.leader.set(1)
         try:
             self._publish_config()
             self._load()
@@ -78,6 +81,7 @@ class Master:
                     log.warning("%s; retrying", exc)
                 stop.wait(self.config.master.poll_ms / 1000)
         finally:
+            self.metrics.leader.set(0)
             self.lock.release()
 
     def _publish_config(self) -> None:
@@ -109,6 +113,7 @@ class Master:
             self.keys.trainers_prefix, self.keys.ps_prefix,
         ])
         todo = self.etcd.range(self.keys.tasks("todo"), keys_only=True)
+        self.metrics.queues(todo=len(todo), pending=len(pending), done=len(done), failed=len(failed))
         self._watch_members("trainers", trainers)
         self._watch_members("ps", ps)
         self._expire(pending, now)
@@ -153,9 +158,12 @@ class Master:
             tasks, moved = plan.cut(cursor, end, self.config.tasks.max_records, linger_due,
                                     max(budget, 0))
             budget -= len(tasks)
+            if p in bounds:
+                self.metrics.lag(p[0], p[1], bounds[p].stable_end - moved.trained)
             if tasks or p in started:  # a new partition's cursor is stored even without tasks
                 batches.append((moved, tasks))
         self._write_tasks(batches)
+        self.metrics.sliced.inc(sum(len(tasks) for _, tasks in batches))
 
     def _write_tasks(self, batches: list[tuple[PartitionCursor, list[TaskRecord]]]) -> None:
         """Tasks and the cursor that covers them go in the same transaction: every offset
@@ -208,6 +216,7 @@ class Master:
                 [mod_revision_is(entry.key, entry.mod_revision)],
                 [delete_op(entry.key), put_op(self.keys.task(state, task.task_id), retried.to_json())])
             if applied:
+                (self.metrics.failed if state == "failed" else self.metrics.requeued).inc()
                 log.warning("task %s %s: %s", task.task_id,
                             "failed" if state == "failed" else "requeued", retried.reason)
             del self._observed[entry.key]
@@ -312,6 +321,7 @@ class Master:
         for left in sorted(self._members[kind] - now):
             log.info("%s %s left", kind, left)
         self._members[kind] = now
+        self.metrics.members(kind, len(now))
 
     # -- fenced writes -------------------------------------------------------------------
     def _write(self, ops: list[Op]) -> None:

@@ -118,6 +118,16 @@ job_app = typer.Typer(help="Inspect and run jobs.", no_args_is_help=True)
 app.add_typer(job_app, name="job")
 
 JobOpt = Annotated[str, typer.Option("--job", help="Job file (TOML), or the name of a running job.")]
+MetricsPortOpt = Annotated[Optional[int], typer.Option(
+    "--metrics-port", envvar="STREAMTRAIN_METRICS_PORT", show_default=False,
+    help="Port of the Prometheus /metrics endpoint (default 0: a free port, logged at start-up).")]
+
+
+def _serve_metrics(port: int | None, process: str) -> None:
+    from streamtrain.observability import serve_metrics
+
+    bound = serve_metrics(port or 0)
+    logging.getLogger(f"streamtrain.{process}").info("metrics at http://0.0.0.0:%d/metrics", bound)
 
 
 def _setup_logging(verbose: bool = False) -> None:
@@ -148,6 +158,7 @@ def _load_config(path: Path) -> JobConfig:
 def master_cmd(
     job: Annotated[Path, typer.Option("--job", help="Job file (TOML).")],
     identity: Annotated[Optional[str], typer.Option(help="Name in the lock (default host:pid).")] = None,
+    metrics_port: MetricsPortOpt = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run the job's master: waits as standby until it holds the lock, then slices and
@@ -160,6 +171,7 @@ def master_cmd(
     config = _load_config(job)
     endpoints = Endpoints.resolve()
     stop = _stop_on_signals()
+    _serve_metrics(metrics_port, "master")
     etcd = Etcd.connect(endpoints)
     try:
         Master(etcd, endpoints, config, identity).run(stop)
@@ -184,6 +196,7 @@ def pserver_cmd(
     lease_ttl_s: Annotated[int, typer.Option(
         "--lease-ttl-s", help="TTL of the shard's membership lease: a killed shard's index is "
         "free again after this.")] = 10,
+    metrics_port: MetricsPortOpt = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run one parameter-server shard: recover from its newest checkpoint, replay its gradient
@@ -195,6 +208,7 @@ def pserver_cmd(
 
     _setup_logging(verbose)
     stop = _stop_on_signals()
+    _serve_metrics(metrics_port, "pserver")
     shard = PserverShard(Endpoints.resolve(), ShardOptions(
         _job_name(job), index, lease_ttl_s=lease_ttl_s, checkpoint_every_s=checkpoint_every_s))
     log = logging.getLogger("streamtrain.pserver")
@@ -218,6 +232,7 @@ def trainer_cmd(
     max_tasks: Annotated[Optional[int], typer.Option("--max-tasks", help="Stop after this many tasks.",
                                                      show_default=False)] = None,
     lease_ttl_s: Annotated[int, typer.Option("--lease-ttl-s", help="TTL of the membership lease.")] = 10,
+    metrics_port: MetricsPortOpt = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run a trainer: claim tasks, read exactly their offsets, train, push gradients, until
@@ -227,10 +242,33 @@ def trainer_cmd(
 
     _setup_logging(verbose)
     stop = _stop_on_signals()
+    _serve_metrics(metrics_port, "trainer")
     try:
         Trainer(Endpoints.resolve(), _job_name(job), trainer_id, lease_ttl_s=lease_ttl_s).run(stop, max_tasks)
     except MasterError as exc:
         logging.getLogger("streamtrain.trainer").error("%s", exc)
+        raise typer.Exit(1) from exc
+
+
+@app.command("curves")
+def curves_cmd(
+    job: JobOpt,
+    logdir: Annotated[Path, typer.Option("--logdir", help="TensorBoard log directory to write into.")],
+    from_beginning: Annotated[bool, typer.Option(
+        "--from-beginning", help="Read <job>.metrics from its first record, not from now.")] = False,
+    until_end: Annotated[bool, typer.Option(
+        "--until-end", help="Stop at the end the topic had at start (with --from-beginning).")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Write a job's training curves for TensorBoard (loss, AUC, examples/s, bad records,
+    freshness; step = cumulative examples) from <job>.metrics, until stopped."""
+    from streamtrain.curves import write_curves
+
+    _setup_logging(verbose)
+    try:
+        write_curves(Endpoints.resolve(), _job_name(job), logdir, _stop_on_signals(), from_beginning, until_end)
+    except RuntimeError as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False)
         raise typer.Exit(1) from exc
 
 

@@ -55,9 +55,17 @@ class TaskMetrics:
         self.examples += len(labels)
         self.loss_sum += loss_sum
 
-    def to_json(self) -> bytes:
+    def _observed(self) -> tuple[np.ndarray, np.ndarray]:
         labels = np.concatenate(self._labels) if self._labels else np.zeros(0)
         scores = np.concatenate(self._scores) if self._scores else np.zeros(0)
+        return labels, scores
+
+    def auc(self) -> float | None:
+        """Prequential AUC of the examples so far (None with a single class)."""
+        return auc(*self._observed())
+
+    def to_json(self) -> bytes:
+        labels, scores = self._observed()
         doc = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
         doc.update(v=1, loss=self.loss_sum / self.examples if self.examples else None,
                    auc=auc(labels, scores), positives=int((labels > 0.5).sum()),

@@ -33,6 +33,7 @@ from master.tasks import ClaimedTask, TaskClient
 from pserver.serving import ParamClient, ParamsUnavailableError
 from pserver.sharding import SlotMap
 from schemas import DeadLetter, EtcdKeys, Topics
+from streamtrain.observability import TrainerMetrics
 from trainer.decoders import DecodeError, make_decoder
 from trainer.delivery import AtLeastOnceDelivery, DeliveryError, TransactionalDelivery
 from trainer.features import Batch, FeatureError, Featurizer, pool
@@ -87,6 +88,7 @@ class Trainer:
         self.stats = TrainerStats()
         self.step = 0  # push groups sent, across tasks
         self._batches = 0  # mini-batches trained, across tasks
+        self.obs = TrainerMetrics.for_trainer(job, self.trainer_id)  # Prometheus, docs/observability.md
 
     # -- life cycle ----------------------------------------------------------------------
     def run(self, stop: threading.Event, max_tasks: int | None = None) -> None:
@@ -163,6 +165,7 @@ class Trainer:
                 more = not stop.is_set() and (max_tasks is None or done < max_tasks)
                 task = self.tasks.complete(self._task, claim_next=more)
                 self.stats.tasks += 1
+                self.obs.task_ended("done")
                 log.debug("task done: %d examples, loss %s", metrics.examples,
                           metrics.loss_sum / max(metrics.examples, 1))
             except (_Stopped, ParamsUnavailableError) as exc:
@@ -170,17 +173,20 @@ class Trainer:
                     log.warning("trainer %s: %s; giving the task back", self.trainer_id, exc)
                     stop.wait(exc.retry_after)
                 self.delivery.discard()
+                self.obs.task_ended("released")
                 self._quietly(lambda t=self._task: self.tasks.release(t))
                 task = None
             except TaskLostError as exc:
                 log.warning("trainer %s: %s", self.trainer_id, exc)
                 self.delivery.discard()
                 self.stats.lost_tasks += 1
+                self.obs.task_ended("lost")
                 task = None
             except (RangeReadError, DeliveryError) as exc:
                 log.warning("trainer %s: task %s failed: %s", self.trainer_id, task.task_id, exc)
                 self.delivery.discard()
                 self.stats.failed_tasks += 1
+                self.obs.task_ended("failed")
                 self._quietly(lambda t=self._task, e=exc: self.tasks.fail(t, str(e)))
                 task = None
         if task is not None:  # claimed with the last completion, then told to stop
@@ -224,11 +230,14 @@ class Trainer:
             self._push()
         self.delivery.add(self.topics.metrics, metrics.to_json(), task.task_id.encode())
         self._commit()
+        self.obs.task_committed(metrics.loss_sum / metrics.examples if metrics.examples else None,
+                                metrics.auc(), metrics.max_event_time_ms, time.time())
         return metrics
 
     def _dead_letter(self, msg, reason: str) -> None:
         self._metrics.bad_records += 1
         self.stats.bad_records += 1
+        self.obs.bad_records.inc()
         letter = DeadLetter(msg.topic(), msg.partition(), msg.offset(), reason, msg.value() or b"",
                             self.config.name, int(time.time() * 1000))
         # Keyed by position: the DLQ is compacted, so a re-run task leaves one entry per record.
@@ -245,6 +254,7 @@ class Trainer:
         tables = {name: self.sync.pull_rows(name, unique, dim) for name, dim in self.model.tables.items()}
         pulled = time.perf_counter()
         metrics.pull_s += pulled - started
+        self.obs.pull_seconds.observe(pulled - started)
 
         inverse_t = self._to(torch.from_numpy(inverse.astype(np.int64)))
         bags_t = self._to(torch.from_numpy(batch.bags))
@@ -261,7 +271,10 @@ class Trainer:
         metrics.observe(batch.labels, scores, float(loss.item()) * batch.size)
         for name, tensor in rows.items():
             self.buffer.add_rows(name, unique, tensor.grad.cpu().numpy())
-        metrics.compute_s += time.perf_counter() - pulled
+        computed = time.perf_counter() - pulled
+        metrics.compute_s += computed
+        self.obs.compute_seconds.observe(computed)
+        self.obs.examples.inc(batch.size)
         self._group_batches += 1
         self._group_examples += batch.size
         self.stats.examples += batch.size
@@ -288,7 +301,9 @@ class Trainer:
             self._commit()
         elif time.monotonic() - self._heartbeat_at > self.config.tasks.timeout_s / 3:
             self._heartbeat()
-        self._metrics.push_s += time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        self._metrics.push_s += elapsed
+        self.obs.push_seconds.observe(elapsed)
 
     def _heartbeat(self) -> None:
         self._task = self.tasks.heartbeat(self._task)
@@ -300,4 +315,6 @@ class Trainer:
         started = time.perf_counter()
         self.delivery.commit()
         self._since_commit = 0
-        self._metrics.push_s += time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        self._metrics.push_s += elapsed
+        self.obs.commit_seconds.observe(elapsed)

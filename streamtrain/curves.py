@@ -1,0 +1,155 @@
+"""Training curves for TensorBoard from a job's `<job>.metrics` topic.
+
+Every trainer writes one JSON record per task (trainer/metrics.py `TaskMetrics.to_json`) in the
+task's last Kafka transaction. `streamtrain curves` reads them read_committed, by assign (no
+consumer group offsets are committed: it keeps no state), and writes scalars with torch's
+`SummaryWriter`. The step of every point is the job's cumulative examples as read so far, so
+curves from runs at different speeds line up; the wall time is the task's finish time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from infra import Endpoints
+
+log = logging.getLogger(__name__)
+
+JOB_RATE_WINDOW_S = 30.0  # job-wide examples/s: tasks finished within this window
+
+
+class ScalarWriter(Protocol):
+    def add_scalar(self, tag: str, scalar_value: float, global_step: int | None = None,
+                   walltime: float | None = None) -> None: ...
+
+
+@dataclass
+class Curves:
+    """Turns task records into scalars. Tags:
+
+    - `train/loss`, `train/auc`: the task's mean log loss and prequential AUC (AUC skipped when
+      the task held a single class);
+    - `throughput/task_examples_per_s`: one trainer's speed on that task (examples / task time);
+    - `throughput/job_examples_per_s`: examples of all tasks finished in the last 30 s / 30 s
+      (from the first task's start until 30 s have passed);
+    - `data/bad_records`: cumulative records dead-lettered by trainers;
+    - `freshness/seconds`: the task's finish minus the event time of its newest example;
+    - `time/pull_s`, `time/compute_s`, `time/push_s`: the task's time in each phase.
+    """
+
+    writer: ScalarWriter
+    examples: int = 0
+    bad_records: int = 0
+    tasks: int = 0
+    _window: deque = field(default_factory=deque, repr=False)  # (finished_at, examples)
+    _first_start: float | None = None
+
+    def add(self, doc: dict) -> bool:
+        """One task record; False (and nothing written) if it is not one."""
+        try:
+            examples = int(doc["examples"])
+            finished = float(doc["finished_at"])
+            started = float(doc.get("started_at") or finished)
+        except (KeyError, TypeError, ValueError):
+            return False
+        self.tasks += 1
+        self.examples += examples
+        self.bad_records += int(doc.get("bad_records") or 0)
+        step, w = self.examples, self.writer
+
+        def put(tag: str, value: object) -> None:
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                w.add_scalar(tag, float(value), step, finished)
+
+        put("train/loss", doc.get("loss"))
+        put("train/auc", doc.get("auc"))
+        if finished > started:
+            put("throughput/task_examples_per_s", examples / (finished - started))
+        self._first_start = started if self._first_start is None else min(self._first_start, started)
+        self._window.append((finished, examples))
+        while self._window and self._window[0][0] < finished - JOB_RATE_WINDOW_S:
+            self._window.popleft()
+        span = min(JOB_RATE_WINDOW_S, finished - self._first_start)
+        if span > 0:
+            put("throughput/job_examples_per_s", sum(n for _, n in self._window) / span)
+        put("data/bad_records", self.bad_records)
+        event_ms = doc.get("max_event_time_ms") or 0
+        if isinstance(event_ms, (int, float)) and event_ms > 0:
+            put("freshness/seconds", max(finished - event_ms / 1000, 0.0))
+        for phase in ("pull_s", "compute_s", "push_s"):
+            put(f"time/{phase}", doc.get(phase))
+        return True
+
+
+def summary_writer(logdir: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as exc:  # tensorboard is a dependency; a trimmed install may lack it
+        raise RuntimeError("writing TensorBoard curves needs the tensorboard package "
+                           "(pip install 'tensorboard>=2.16,<3')") from exc
+    return SummaryWriter(log_dir=str(logdir), flush_secs=5)
+
+
+def write_curves(endpoints: Endpoints, job: str, logdir: Path, stop: threading.Event,
+                 from_beginning: bool = False, until_end: bool = False) -> int:
+    """Follow `<job>.metrics` (from its start, or from now) and write curves into `logdir` until
+    `stop`, or, with `until_end`, until the end the topic had when reading began. Returns the
+    number of task records written."""
+    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
+
+    from infra.clients import TopicSpec, ensure_topics
+    from master.offsets import InputOffsets
+    from schemas import Topics
+
+    topic = Topics(job).metrics
+    ensure_topics(endpoints, [TopicSpec(topic)])  # as the trainers create it: follow a job not started yet
+    partitions = [p for _, p in InputOffsets(endpoints).partitions([topic])]
+    ends = {p: b.stable_end for (_, p), b in
+            InputOffsets(endpoints).bounds([(topic, p) for p in partitions], earliest=False).items()}
+    consumer = Consumer({
+        "bootstrap.servers": endpoints.kafka,
+        "group.id": f"{job}.curves",  # required by librdkafka; never committed
+        "enable.auto.commit": False,
+        "isolation.level": "read_committed",
+        "fetch.wait.max.ms": 200,
+    })
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING if from_beginning else OFFSET_END)
+                     for p in partitions])
+    writer = summary_writer(logdir)
+    curves = Curves(writer)
+    log.info("writing curves of job %s from %s (%s) into %s", job, topic,
+             "its beginning" if from_beginning else "now", logdir)
+    try:
+        while not stop.is_set():
+            if until_end and (not from_beginning or _reached(consumer, topic, ends)):
+                break
+            for msg in consumer.consume(500, 0.5):
+                if msg.error() is not None:
+                    continue
+                try:
+                    doc = json.loads(msg.value())
+                except (ValueError, TypeError):
+                    doc = None
+                if not isinstance(doc, dict) or not curves.add(doc):
+                    log.warning("skipping a record that is not a task's metrics at %s:%d:%d",
+                                msg.topic(), msg.partition(), msg.offset())
+    finally:
+        consumer.close()
+        writer.close()
+    log.info("wrote %d tasks, %d examples", curves.tasks, curves.examples)
+    return curves.tasks
+
+
+def _reached(consumer, topic: str, ends: dict[int, int]) -> bool:
+    from confluent_kafka import TopicPartition
+
+    # The position moves past transaction markers too, which are never delivered.
+    positions = consumer.position([TopicPartition(topic, p) for p in ends])
+    return all(tp.offset >= ends[tp.partition] or ends[tp.partition] == 0 for tp in positions)
+

@@ -1,0 +1,152 @@
+"""The Prometheus exporter and the per-process metric views; the TensorBoard curve writer."""
+
+from __future__ import annotations
+
+import urllib.request
+import uuid
+
+import pytest
+
+from streamtrain.curves import Curves
+from streamtrain.observability import (PORT_ENV, MasterMetrics, PserverMetrics, TrainerMetrics, metrics_port,
+                                       serve_metrics)
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Samples as {'name{labels}': value}, parsed with prometheus-client's own parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}"] = s.value
+    return out
+
+
+@pytest.fixture(scope="module")
+def port() -> int:
+    return serve_metrics(0, addr="127.0.0.1")
+
+
+def test_the_exporter_binds_a_free_port_and_serves_every_process_metric(port) -> None:
+    job = f"obs-{uuid.uuid4().hex[:8]}"
+    m = MasterMetrics.for_job(job)
+    m.queues(todo=3, pending=2, done=0, failed=1)
+    m.lag("clicks", 1, 120)
+    m.sliced.inc(5)
+    m.requeued.inc()
+    m.leader.set(1)
+    m.members("trainers", 2)
+    t = TrainerMetrics.for_trainer(job, "t0")
+    t.examples.inc(256)
+    t.bad_records.inc()
+    t.pull_seconds.observe(0.002)
+    t.task_ended("done")
+    t.task_committed(0.42, 0.77, max_event_time_ms=1_000_000, committed_at=1_003.5)
+    p = PserverMetrics.for_shard(job, 1)
+    p.observe_stats({"deltas": 4, "rows": 40, "dropped": 1, "bad": 0, "version": 7, "offset": 11,
+                     "serving": True, "examples": 512, "dedup_entries": 3})
+    p.publish_seconds.observe(0.01)
+
+    assert port > 0
+    got = scrape(port)
+    j = f"job={job}"
+    assert got[f"streamtrain_master_tasks{{{j},state=todo}}"] == 3
+    assert got[f"streamtrain_master_tasks{{{j},state=failed}}"] == 1
+    assert got[f"streamtrain_master_input_lag_records{{{j},partition=1,topic=clicks}}"] == 120
+    assert got[f"streamtrain_master_tasks_sliced_total{{{j}}}"] == 5
+    assert got[f"streamtrain_master_tasks_requeued_total{{{j}}}"] == 1
+    assert got[f"streamtrain_master_tasks_failed_total{{{j}}}"] == 0
+    assert got[f"streamtrain_master_leader{{{j}}}"] == 1
+    assert got[f"streamtrain_master_members{{{j},kind=trainers}}"] == 2
+    tl = f"{j},trainer=t0"
+    assert got[f"streamtrain_trainer_examples_total{{{tl}}}"] == 256
+    assert got[f"streamtrain_trainer_bad_records_total{{{tl}}}"] == 1
+    assert got[f"streamtrain_trainer_tasks_total{{{j},outcome=done,trainer=t0}}"] == 1
+    assert got[f"streamtrain_trainer_tasks_total{{{j},outcome=lost,trainer=t0}}"] == 0
+    assert got[f"streamtrain_trainer_pull_seconds_count{{{tl}}}"] == 1
+    assert got[f"streamtrain_trainer_task_loss{{{tl}}}"] == pytest.approx(0.42)
+    assert got[f"streamtrain_trainer_task_auc{{{tl}}}"] == pytest.approx(0.77)
+    assert got[f"streamtrain_trainer_freshness_seconds_sum{{{tl}}}"] == pytest.approx(3.5)
+    assert got[f"streamtrain_trainer_freshness_seconds_bucket{{{j},le=5.0,trainer=t0}}"] == 1
+    assert got[f"streamtrain_trainer_freshness_seconds_bucket{{{j},le=2.0,trainer=t0}}"] == 0
+    for name in ("push_seconds_count", "commit_seconds_count", "compute_seconds_count"):
+        assert got[f"streamtrain_trainer_{name}{{{tl}}}"] == 0
+    sl = f"{j},shard=1"
+    assert got[f"streamtrain_pserver_deltas_applied_total{{{sl}}}"] == 4
+    assert got[f"streamtrain_pserver_rows_applied_total{{{sl}}}"] == 40
+    assert got[f"streamtrain_pserver_duplicates_dropped_total{{{sl}}}"] == 1
+    assert got[f"streamtrain_pserver_bad_deltas_total{{{sl}}}"] == 0  # present from the start
+    assert got[f"streamtrain_pserver_examples_applied_total{{{sl}}}"] == 512
+    assert got[f"streamtrain_pserver_version{{{sl}}}"] == 7
+    assert got[f"streamtrain_pserver_consumed_offset{{{sl}}}"] == 11
+    assert got[f"streamtrain_pserver_serving{{{sl}}}"] == 1
+    assert got[f"streamtrain_pserver_publish_seconds_count{{{sl}}}"] == 1
+    assert got[f"streamtrain_pserver_checkpoint_seconds_count{{{sl}}}"] == 0
+
+
+def test_pserver_counters_follow_the_cumulative_stats(port) -> None:
+    job = f"obs-{uuid.uuid4().hex[:8]}"
+    p = PserverMetrics.for_shard(job, 0)
+    p.observe_stats({"deltas": 10, "rows": 100, "version": 1, "serving": False})
+    p.observe_stats({"deltas": 15, "rows": 100, "version": 2, "serving": True})
+    p.observe_stats({"deltas": 15})  # a stats dict without some keys leaves them alone
+    got = scrape(port)
+    sl = f"job={job},shard=0"
+    assert got[f"streamtrain_pserver_deltas_applied_total{{{sl}}}"] == 15
+    assert got[f"streamtrain_pserver_rows_applied_total{{{sl}}}"] == 100
+    assert got[f"streamtrain_pserver_version{{{sl}}}"] == 2
+    assert got[f"streamtrain_pserver_serving{{{sl}}}"] == 1
+
+
+def test_views_of_the_same_labels_share_their_series(port) -> None:
+    job = f"obs-{uuid.uuid4().hex[:8]}"
+    TrainerMetrics.for_trainer(job, "a").examples.inc(3)
+    TrainerMetrics.for_trainer(job, "a").examples.inc(4)  # a restarted Trainer object, same process
+    TrainerMetrics.for_trainer(job, "b").examples.inc(1)
+    got = scrape(port)
+    assert got[f"streamtrain_trainer_examples_total{{job={job},trainer=a}}"] == 7
+    assert got[f"streamtrain_trainer_examples_total{{job={job},trainer=b}}"] == 1
+
+
+def test_the_port_comes_from_the_argument_then_the_environment(monkeypatch) -> None:
+    monkeypatch.delenv(PORT_ENV, raising=False)
+    assert metrics_port(None) == 0
+    monkeypatch.setenv(PORT_ENV, "9464")
+    assert metrics_port(None) == 9464
+    assert metrics_port(0) == 0
+    assert metrics_port(1234) == 1234
+    monkeypatch.setenv(PORT_ENV, "x")
+    with pytest.raises(ValueError, match=PORT_ENV):
+        metrics_port(None)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.points: list[tuple[str, float, int, float]] = []
+
+    def add_scalar(self, tag, value, step=None, walltime=None) -> None:
+        self.points.append((tag, value, step, walltime))
+
+    def tag(self, name: str) -> list[tuple[float, int]]:
+        return [(v, s) for t, v, s, _ in self.points if t == name]
+
+
+def test_curves_step_by_cumulative_examples_and_skip_undefined_values() -> None:
+    rec = Recorder()
+    curves = Curves(rec)
+    assert curves.add({"examples": 100, "bad_records": 2, "loss": 0.6, "auc": 0.7, "started_at": 10.0,
+                       "finished_at": 12.0, "max_event_time_ms": 11_000, "pull_s": 0.1})
+    assert curves.add({"examples": 50, "bad_records": 0, "loss": None, "auc": None, "started_at": 12.0,
+                       "finished_at": 13.0, "max_event_time_ms": 0})
+    assert not curves.add({"not": "a task"})
+    assert rec.tag("train/loss") == [(0.6, 100)]
+    assert rec.tag("train/auc") == [(0.7, 100)]
+    assert rec.tag("data/bad_records") == [(2, 100), (2, 150)]
+    assert rec.tag("throughput/task_examples_per_s") == [(50.0, 100), (50.0, 150)]
+    assert rec.tag("throughput/job_examples_per_s") == [(50.0, 100), (50.0, 150)]
+    assert rec.tag("freshness/seconds") == [(1.0, 100)]
+    assert rec.tag("time/pull_s") == [(0.1, 100)]
+    assert curves.tasks == 2 and curves.examples == 150
