@@ -104,6 +104,9 @@ class _PserverFamilies:
         self.examples = Counter("streamtrain_pserver_examples_applied",
                                 "Examples whose gradients this shard applied", labels)
         self.publishes = Counter("streamtrain_pserver_publishes", "Publishes of changed rows to Redis", labels)
+        self.rows_published = Counter("streamtrain_pserver_rows_published",
+                                      "Rows written to Redis (a row changed many times between publishes counts once)",
+                                      labels)
         self.republished = Counter("streamtrain_pserver_republished",
                                    "Full republishes (start-up, Redis lost its data)", labels)
         self.checkpoints = Counter("streamtrain_pserver_checkpoints", "Checkpoints written", labels)
@@ -201,9 +204,9 @@ class TrainerMetrics:
             self.freshness_seconds.observe(max(committed_at - max_event_time_ms / 1000, 0.0))
 
 
-_STAT_COUNTERS = (("deltas", "deltas"), ("rows", "rows"), ("dropped", "dropped"), ("bad", "bad"),
-                  ("examples", "examples"), ("publishes", "publishes"), ("republished", "republished"),
-                  ("checkpoints", "checkpoints"))
+# Keys of `PserverShard.stats()` that are cumulative counts, named as the families' attributes.
+_STAT_COUNTERS = ("deltas", "rows", "dropped", "bad", "examples", "publishes", "rows_published",
+                  "republished", "checkpoints")
 
 
 @dataclass
@@ -228,13 +231,13 @@ class PserverMetrics:
         they grew since the last call (a count that went down, e.g. a restored total, restarts
         the difference from there); version, offset, serving and ledger size set the gauges."""
         ls = (self.job, str(self.shard))
-        for key, attr in _STAT_COUNTERS:
+        for key in _STAT_COUNTERS:
             value = stats.get(key)
             if not isinstance(value, (int, float)):
                 continue
             grown = value - self._seen.get(key, 0)
             if grown > 0:
-                getattr(self._f, attr).labels(*ls).inc(grown)
+                getattr(self._f, key).labels(*ls).inc(grown)
             self._seen[key] = value
         for key, gauge in (("version", self._f.version), ("offset", self._f.offset),
                            ("dedup_entries", self._f.dedup_entries)):
