@@ -130,6 +130,10 @@ class RowTable:
             rows[missing] = new_rows
         return rows
 
+    def gather(self, rows: np.ndarray) -> np.ndarray:
+        """A copy of the values of `rows` (one np.take over a row view: no 2-d fancy indexing)."""
+        return np.take(row_view(self.values), rows).view(np.float32).reshape(len(rows), self.dim)
+
     def apply(self, ids: np.ndarray, grads: np.ndarray, rule: UpdateRule) -> np.ndarray:
         """Apply one gradient row per distinct id; returns the table rows touched.
 

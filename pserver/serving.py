@@ -17,10 +17,11 @@ from dataclasses import dataclass
 import numpy as np
 import redis
 
+from pserver import resp
 from pserver.rows import initial_rows
 from pserver.sharding import SlotMap
 from pserver.state import Changes, ShardState
-from schemas import ParamBlock, RedisKeys, decode_rows, encode_rows
+from schemas import ParamBlock, RedisKeys, decode_rows, encode_rows_matrix
 
 _CHUNK = 8192  # keys per MSET: large enough to amortise, small enough not to stall Redis
 
@@ -34,40 +35,75 @@ class ParamsUnavailableError(RuntimeError):
         self.retry_after = retry_after
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """Copies of changed rows and blocks: taken while the state is not being written, sent
+    to Redis afterwards, so a shard can apply while the previous changes are on the wire."""
+
+    rows: list[tuple[str, np.ndarray, np.ndarray]]  # table, ids, values (n, dim)
+    blocks: list[tuple[str, int, np.ndarray]]  # param, block, values
+
+    @property
+    def size(self) -> int:
+        return sum(len(ids) for _, ids, _ in self.rows) + len(self.blocks)
+
+
 class Publisher:
     def __init__(self, client: redis.Redis, job: str, shard: int) -> None:
         self._redis = client
         self._keys = RedisKeys(job)
         self.shard = shard
 
+    def snapshot(self, state: ShardState, changes: Changes) -> Snapshot:
+        rows = []
+        for table, ids in changes.rows.items():
+            t = state.tables[table]
+            rows.append((table, ids, t.gather(t.index.lookup(ids))))
+        blocks = [(p, b, state.dense[(p, b)].values[0].copy()) for p, b in changes.blocks]
+        return Snapshot(rows, blocks)
+
+    def send(self, snapshot: Snapshot) -> int:
+        """Write the snapshot, then bump the version. Returns the new version."""
+        chunks: list[bytes] = []
+        replies = 0
+        for table, ids, values in snapshot.rows:
+            prefix = self._keys.row(table, 0)[:-1].encode()
+            encoded = encode_rows_matrix(values)
+            for i in range(0, len(ids), _CHUNK):
+                chunks.append(resp.mset(prefix, ids[i:i + _CHUNK], encoded[i:i + _CHUNK]))
+                replies += 1
+        conn = self._redis.connection_pool.get_connection()
+        try:
+            for param, block, values in snapshot.blocks:
+                chunks += conn.pack_command("SET", self._keys.dense(param, block),
+                                            ParamBlock(param, block, 0, values).to_bytes())
+                replies += 1
+            chunks += conn.pack_command("INCR", self._keys.version(self.shard))
+            conn.send_packed_command(chunks)
+            for _ in range(replies):
+                conn.read_response()
+            return int(conn.read_response())
+        except BaseException:
+            conn.disconnect()  # a half-read reply stream must not go back to the pool
+            raise
+        finally:
+            self._redis.connection_pool.release(conn)
+
     def publish(self, state: ShardState, changes: Changes) -> int:
         """Write the changed rows and blocks, then bump the version. Returns the new version."""
-        pipe = self._redis.pipeline(transaction=False)
-        for table, ids in changes.rows.items():
-            rows = state.tables[table]
-            self._queue_rows(pipe, table, ids, rows.values[rows.index.lookup(ids)])
-        for param, block in changes.blocks:
-            values = state.dense[(param, block)].values[0]
-            pipe.set(self._keys.dense(param, block), ParamBlock(param, block, 0, values).to_bytes())
-        pipe.incr(self._keys.version(self.shard))
-        return int(pipe.execute()[-1])
+        return self.send(self.snapshot(state, changes))
 
     def publish_all(self, state: ShardState) -> int:
         """Everything this shard holds (after a restart or a flushed Redis)."""
-        changes = Changes(
-            rows={name: t.ids[: t.size] for name, t in state.tables.items()},
-            blocks=set(state.dense),
-        )
-        return self.publish(state, changes)
+        return self.publish(state, self.everything(state))
+
+    @staticmethod
+    def everything(state: ShardState) -> Changes:
+        return Changes(rows={name: t.ids[: t.size] for name, t in state.tables.items()},
+                       blocks=set(state.dense))
 
     def published(self) -> bool:
         return bool(self._redis.exists(self._keys.version(self.shard)))
-
-    def _queue_rows(self, pipe, table: str, ids: np.ndarray, values: np.ndarray) -> None:
-        keys = self._keys.rows(table, ids)
-        payloads = encode_rows(values)
-        for i in range(0, len(keys), _CHUNK):
-            pipe.mset(dict(zip(keys[i:i + _CHUNK], payloads[i:i + _CHUNK])))
 
 
 @dataclass(frozen=True)

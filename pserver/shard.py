@@ -22,6 +22,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
+import redis
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from infra import Endpoints
@@ -66,8 +67,6 @@ class Counters:
     deltas: int = 0
     rows: int = 0
     bad: int = 0
-    publishes: int = 0
-    republished: int = 0
     checkpoints: int = 0
 
 
@@ -92,6 +91,81 @@ class _Pending:
         return changes
 
 
+class BackgroundPublisher:
+    """Writes applied changes to Redis from its own thread, so applying never waits for Redis.
+
+    Every `interval` it takes the ids changed since its last round (only the newest value of a
+    row is sent, however often it changed), copies their values under the state lock, then
+    encodes and sends outside it. It republishes everything when Redis lost the shard's data:
+    the version key is gone, or an INCR did not return the previous version + 1.
+    """
+
+    def __init__(self, publisher: Publisher, state: ShardState, lock: threading.Lock,
+                 interval_s: float, check_every_s: float) -> None:
+        self.publisher = publisher
+        self.state = state
+        self.lock = lock
+        self.interval_s = interval_s
+        self.check_every_s = check_every_s
+        self.version: int | None = None
+        self.publishes = self.republished = self.rows = 0
+        self.error: BaseException | None = None
+        self._pending = _Pending()
+        self._everything = True
+        self._checked_at = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="publisher", daemon=True)
+
+    def add(self, changes: Changes) -> None:
+        """Called with the state lock held, right after the apply that made `changes`."""
+        self._pending.add(changes)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+        self.round()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.round()
+            except redis.RedisError as exc:
+                log.warning("shard %d: publishing failed (%s); republishing everything next round",
+                            self.publisher.shard, exc)
+                self._everything = True
+            except BaseException as exc:  # surfaced by the serving loop, which stops the shard
+                self.error = exc
+                return
+
+    def round(self) -> None:
+        now = time.monotonic()
+        if now - self._checked_at >= self.check_every_s:
+            self._checked_at = now
+            if not self.publisher.published():
+                log.warning("shard %d: version key gone from Redis; republishing everything",
+                            self.publisher.shard)
+                self._everything = True
+        with self.lock:
+            everything = self._everything
+            changes = Publisher.everything(self.state) if everything else self._pending.take()
+            if everything:
+                self._pending, self._everything = _Pending(), False
+            if changes is None:
+                return
+            snapshot = self.publisher.snapshot(self.state, changes)
+        version = self.publisher.send(snapshot)
+        self.publishes += 1
+        self.rows += snapshot.size
+        if everything:
+            self.republished += 1
+        elif self.version is not None and version != self.version + 1:
+            self._everything = True  # the version restarted: Redis lost its data around this write
+        self.version = version
+
+
 class PserverShard:
     def __init__(self, endpoints: Endpoints, options: ShardOptions) -> None:
         self.endpoints = endpoints
@@ -104,8 +178,7 @@ class PserverShard:
         self.next_offset = 0  # next gradient offset to consume: everything before is applied
         self.serving = False
         self.checkpoint_id: str | None = None
-        self._pending = _Pending()
-        self._version: int | None = None
+        self.lock = threading.Lock()  # held while applying and while the publisher copies
         self._fold: tuple[dict, int] | None = None  # watermarks read, LSO to pass before folding
 
     # -- life cycle ----------------------------------------------------------------------
@@ -164,7 +237,9 @@ class PserverShard:
             log.info("shard %d: loaded checkpoint %s, replaying %s from offset %d", index,
                      self.checkpoint_id, self.grad_topic, self.next_offset)
         self.redis = redis_client(self.endpoints)
-        self.publisher = Publisher(self.redis, config.name, index)
+        self.publishing = BackgroundPublisher(Publisher(self.redis, config.name, index), self.state,
+                                              self.lock, self.options.publish_interval_s,
+                                              self.options.housekeeping_s)
         self.admin = InputOffsets(self.endpoints)
         self.consumer = Consumer({
             "bootstrap.servers": self.endpoints.kafka,
@@ -181,13 +256,17 @@ class PserverShard:
             self._check_retention()
             self.consumer.assign([TopicPartition(self.grad_topic, 0, self.next_offset)])
             self._replay(stop)
-            self._publish_all()
+            self.publishing.round()  # everything, once, before serving
             self.serving = True
             log.info("shard %d serving at version %s after replaying to offset %d", index,
-                     self._version, self.next_offset)
+                     self.publishing.version, self.next_offset)
             if ready is not None:
                 ready.set()
-            self._loop(stop, every)
+            self.publishing.start()
+            try:
+                self._loop(stop, every)
+            finally:
+                self.publishing.stop()
         finally:
             self.consumer.close()
             self.dlq.flush(10)
@@ -223,24 +302,21 @@ class PserverShard:
         started, first = time.monotonic(), self.next_offset
         while self.next_offset < end and not stop.is_set():
             self._consume(1000, 0.2)
-            self._pending = _Pending()
         log.info("shard %d: replayed offsets [%d, %d) in %.1f s", self.index, first,
                  self.next_offset, time.monotonic() - started)
 
     def _loop(self, stop: threading.Event, checkpoint_every_s: float) -> None:
         now = time.monotonic()
-        next_publish = now + self.options.publish_interval_s
         next_housekeeping = now
         next_fold = now + self.options.fold_interval_s
         next_checkpoint = now + checkpoint_every_s
         while not stop.is_set():
             if self.lease.lost.is_set():
                 raise ShardLostError(f"shard {self.index}: lease lost; stopping so a restart recovers")
-            self._consume(1000, self.options.publish_interval_s)
+            if self.publishing.error is not None:
+                raise self.publishing.error
+            self._consume(1000, 0.05)
             now = time.monotonic()
-            if now >= next_publish:
-                self._publish()
-                next_publish = now + self.options.publish_interval_s
             if now >= next_fold:
                 self._fold_dedup()
                 next_fold = now + self.options.fold_interval_s
@@ -248,10 +324,8 @@ class PserverShard:
                 self._housekeeping()
                 next_housekeeping = now + self.options.housekeeping_s
             if now >= next_checkpoint:
-                self._publish()
                 self.checkpoint()
                 next_checkpoint = time.monotonic() + checkpoint_every_s
-        self._publish()
 
     # -- applying ------------------------------------------------------------------------
     def _consume(self, batch: int, timeout: float) -> None:
@@ -274,7 +348,10 @@ class PserverShard:
             delta = GradientDelta.from_bytes(msg.value())
             if delta.shard != self.index:
                 raise BadDeltaError(f"delta for shard {delta.shard} on shard {self.index}'s topic")
-            changes = self.state.apply(delta)
+            with self.lock:
+                changes = self.state.apply(delta)
+                if changes is not None:
+                    self.publishing.add(changes)
         except (SchemaError, BadDeltaError) as exc:
             self._dead_letter(msg, str(exc))
             return
@@ -282,7 +359,6 @@ class PserverShard:
             return  # a duplicate: counted by the dedup ledger
         self.counters.deltas += 1
         self.counters.rows += sum(len(ids) for ids in changes.rows.values())
-        self._pending.add(changes)
 
     def _dead_letter(self, msg: Message, reason: str) -> None:
         self.counters.bad += 1
@@ -295,27 +371,7 @@ class PserverShard:
         self.dlq.poll(0)
 
     # -- serving -------------------------------------------------------------------------
-    def _publish(self) -> None:
-        changes = self._pending.take()
-        if changes is None:
-            return
-        version = self.publisher.publish(self.state, changes)
-        self.counters.publishes += 1
-        if self._version is not None and version != self._version + 1:
-            # The version restarted: Redis lost its data (FLUSHALL, restart) around this write.
-            self._publish_all()
-        else:
-            self._version = version
-
-    def _publish_all(self) -> None:
-        self._pending = _Pending()
-        self._version = self.publisher.publish_all(self.state)
-        self.counters.republished += 1
-
     def _housekeeping(self) -> None:
-        if not self.publisher.published():
-            log.warning("shard %d: version key gone from Redis; republishing everything", self.index)
-            self._publish_all()
         self._control()
         self.redis.set(self.redis_keys.stats(self.index), json.dumps(self.stats()))
 
@@ -323,10 +379,12 @@ class PserverShard:
         state = self.state
         by_partition = state.examples_by_partition()
         return {
-            "shard": self.index, "pid": os.getpid(), "serving": self.serving, "version": self._version,
+            "shard": self.index, "pid": os.getpid(), "serving": self.serving,
+            "version": self.publishing.version,
             "offset": self.next_offset, "deltas": self.counters.deltas, "rows": self.counters.rows,
             "dropped": state.dedup.dropped, "bad": self.counters.bad,
-            "publishes": self.counters.publishes, "republished": self.counters.republished,
+            "publishes": self.publishing.publishes, "republished": self.publishing.republished,
+            "rows_published": self.publishing.rows,
             "checkpoint": self.checkpoint_id, "checkpoints": self.counters.checkpoints,
             "dedup_entries": state.dedup.entries,
             "examples": sum(by_partition.values()), "examples_by_partition": dict(by_partition),
@@ -388,6 +446,5 @@ class PserverShard:
             log.warning("shard %d: ignoring control/checkpoint %r: %s", self.index, entry.value, exc)
             return
         if wanted != self.checkpoint_id and self.etcd.get(key) is None:
-            self._publish()
             self.checkpoint(wanted)
 

@@ -19,7 +19,7 @@ from .errors import SchemaError
 from .example import Example
 from .gradient import DenseSlice, GradientDelta, SparseRows, WireDtype
 from .keys import CONTROLS, TASK_STATES, EtcdKeys, RedisKeys, Topics, validate_job_name
-from .params import ParamBlock, decode_rows, encode_rows
+from .params import ParamBlock, decode_rows, encode_rows, encode_rows_matrix
 from .task import TaskId, TaskRecord
 
 __all__ = [
@@ -43,5 +43,6 @@ __all__ = [
     "WireDtype",
     "decode_rows",
     "encode_rows",
+    "encode_rows_matrix",
     "validate_job_name",
 ]

@@ -82,15 +82,21 @@ def encode_rows(values: np.ndarray) -> list[bytes]:
     Raises: SchemaError (field ``values``) for a non-2-D, non-float, non-finite array or a
     dim outside [1, 65535].
     """
+    matrix = encode_rows_matrix(values)
+    buf = matrix.tobytes()
+    size = matrix.shape[1]
+    return [buf[i : i + size] for i in range(0, len(buf), size)]
+
+
+def encode_rows_matrix(values: np.ndarray) -> np.ndarray:
+    """`encode_rows` as one (n, 4 + 4 dim) uint8 array, row i being the bytes of row i."""
     values = _rows_check.float_array("values", values, ndim=2)
     n, dim = values.shape
     _check_dim("values", dim)
     words = np.empty((n, 1 + dim), dtype="<u4")
     words[:, 0] = _row_word(dim)
     words[:, 1:] = values.astype("<f4", copy=False).view("<u4")
-    buf = words.tobytes()
-    size = ROW_HEADER_BYTES + 4 * dim
-    return [buf[i : i + size] for i in range(0, len(buf), size)]
+    return words.view(np.uint8)
 
 
 def decode_rows(raw: Sequence[BytesLike | None], dim: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,53 @@
+"""Redis MSET commands for millions of rows, built with numpy.
+
+redis-py packs a command argument by argument in Python (about 0.7 µs per key and value) and
+the keys and values must exist as Python bytes first (another ~1 µs per row). Here a whole
+MSET is laid out as one byte matrix, one record per row, the variable-length decimals
+right-aligned and the unused columns dropped by one boolean mask: no Python work per row
+(measured in bench/pserver_apply.py: client CPU 1.8 → 0.4 µs per row; the bytes are the ones
+redis-py and `schemas.encode_rows` would produce, which the tests check).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_POW10 = np.array([10**k for k in range(20)], dtype=np.uint64)
+
+
+def _digits(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ASCII decimal digits of uint64 `x`, right-aligned in (n, width), and which are real."""
+    width = len(str(int(x.max()))) if len(x) else 1
+    ndigits = np.ones(len(x), dtype=np.int64)
+    for k in range(1, width):
+        ndigits += x >= _POW10[k]
+    out = np.empty((len(x), width), dtype=np.uint8)
+    rest = x.copy()
+    for c in range(width - 1, -1, -1):
+        out[:, c] = rest % np.uint64(10)
+        rest //= np.uint64(10)
+    out += ord("0")
+    return out, np.arange(width) >= (width - ndigits)[:, None]
+
+
+def mset(prefix: bytes, ids: np.ndarray, values: np.ndarray) -> bytes:
+    """``MSET <prefix><id> <value> ...`` in RESP; `values` is (n, size) uint8, one row each."""
+    n, size = values.shape
+    id_digits, id_mask = _digits(ids.astype(np.uint64, copy=False))
+    key_len, len_mask = _digits((id_mask.sum(1) + len(prefix)).astype(np.uint64))
+    pieces: list[tuple[np.ndarray, np.ndarray | None]] = [
+        (np.frombuffer(b"$", dtype=np.uint8), None), (key_len, len_mask),
+        (np.frombuffer(b"\r\n" + prefix, dtype=np.uint8), None), (id_digits, id_mask),
+        (np.frombuffer(b"\r\n$%d\r\n" % size, dtype=np.uint8), None), (values, None),
+        (np.frombuffer(b"\r\n", dtype=np.uint8), None),
+    ]
+    width = sum(p.shape[-1] for p, _ in pieces)
+    matrix = np.empty((n, width), dtype=np.uint8)
+    keep = np.ones((n, width), dtype=bool)
+    col = 0
+    for piece, mask in pieces:
+        matrix[:, col:col + piece.shape[-1]] = piece
+        if mask is not None:
+            keep[:, col:col + piece.shape[-1]] = mask
+        col += piece.shape[-1]
+    return b"*%d\r\n$4\r\nMSET\r\n" % (2 * n + 1) + matrix[keep].tobytes()

@@ -1,0 +1,24 @@
+"""The numpy-built MSET is byte for byte what redis-py would send for the same rows."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from redis.connection import Connection
+
+from pserver import resp
+from schemas import encode_rows, encode_rows_matrix
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 2**64 - 2), min_size=1, max_size=50, unique=True), st.integers(1, 8))
+def test_mset_equals_redis_py_packing(ids: list[int], dim: int) -> None:
+    values = np.random.default_rng(len(ids)).normal(size=(len(ids), dim)).astype(np.float32)
+    prefix = "st:job:row:emb:"
+    args = []
+    for i, row in zip(ids, encode_rows(values)):
+        args += [f"{prefix}{i}", row]
+    expected = b"".join(Connection().pack_command("MSET", *args))
+    got = resp.mset(prefix.encode(), np.array(ids, dtype=np.uint64), encode_rows_matrix(values))
+    assert got == expected
