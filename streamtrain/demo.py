@@ -129,14 +129,36 @@ def prepare(endpoints: Endpoints, home: Path, job: str | None = None) -> DemoPla
     return plan
 
 
-def start_children(supervisor, plan: DemoPlan) -> None:
+def produced(endpoints: Endpoints, timeout_s: float = 15.0) -> int:
+    """Records in the input topic so far (all partitions): where a (re)started producer resumes
+    the click model's impression index, so no impression is sent twice. Falls back to an index
+    from the clock (ahead of any the producer can have reached at its rate) if Kafka cannot say."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": endpoints.kafka, "group.id": "streamtrain-demo-probe"})
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:  # a just-created topic's partitions may have no leader for a moment
+                return sum(consumer.get_watermark_offsets(TopicPartition(INPUT_TOPIC, p), timeout=5)[1]
+                           for p in range(INPUT_PARTITIONS))
+            except KafkaException:
+                if time.monotonic() > deadline:
+                    return int(time.time() * PRODUCER_RATE * 2)
+                time.sleep(0.5)
+    finally:
+        consumer.close()
+
+
+def start_children(supervisor, plan: DemoPlan, endpoints: Endpoints) -> None:
     supervisor.add("master", ["master", "--job", str(plan.job_file)])
     for i in range(PSERVERS):
         supervisor.add(f"pserver-{i}", ["pserver", "--job", plan.job, "--index", str(i)])
     for i in range(TRAINERS):
         supervisor.add(f"trainer-{i}", ["trainer", "--job", plan.job, "--id", f"trainer-{i}"])
-    supervisor.add("producer", ["produce", "synthetic", "--labelled", "--topic", INPUT_TOPIC,
-                                "--rate", str(PRODUCER_RATE), "--partitions", str(INPUT_PARTITIONS)])
+    supervisor.add("producer", lambda: [
+        "produce", "synthetic", "--labelled", "--topic", INPUT_TOPIC, "--rate", str(PRODUCER_RATE),
+        "--partitions", str(INPUT_PARTITIONS), "--start", str(produced(endpoints))])
 
 
 def run_demo(target: LocalServices | Endpoints, console: Console, *, home: Path | None = None,
@@ -176,7 +198,7 @@ def run_demo(target: LocalServices | Endpoints, console: Console, *, home: Path 
         console.print(f"logs   {plan.log_dir}", highlight=False, soft_wrap=True)
         supervisor = Supervisor({ENV_KAFKA: endpoints.kafka, ENV_ETCD: endpoints.etcd,
                                  ENV_REDIS: endpoints.redis}, plan.log_dir)
-        start_children(supervisor, plan)
+        start_children(supervisor, plan, endpoints)
         monitor = JobMonitor(endpoints, plan.job, PSERVERS, started)
         deadline = None if duration is None else started + duration
         if headless:

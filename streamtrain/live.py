@@ -17,6 +17,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -189,45 +190,49 @@ def headline(snap: Snapshot, supervisor: Supervisor) -> str:
 
 
 def render(snap: Snapshot, supervisor: Supervisor, job: str, events: list[str]) -> Group:
-    """The live screen: job, model quality, freshness, shards, processes, recent events."""
+    """The live screen, compact enough for an 80x24 terminal: the job, quality, freshness, then
+    one row per process (pserver rows carry their shard's counters)."""
     top = Table.grid(padding=(0, 2))
     top.add_column(style="bold")
     top.add_column()
     q = snap.queues
-    top.add_row("job", f"{job}   {snap.elapsed_s:,.0f} s   leader {snap.leader or '[red]none[/red]'}   "
-                       f"trainers {snap.trainers}   pservers {snap.pservers}")
-    parts = "  ".join(f"{p} {_num(v)}" for p, v in sorted(snap.lag_by_partition.items()))
+    top.add_row("job", f"{job}   {snap.elapsed_s:,.0f} s   trainers {snap.trainers}   pservers {snap.pservers}")
+    parts = "  ".join(f"p{p.rsplit(':', 1)[1]} {_num(v)}" for p, v in sorted(snap.lag_by_partition.items()))
     top.add_row("input lag", f"{_num(snap.lag)} records" + (f"   ({parts})" if parts else ""))
     top.add_row("tasks", f"todo {q.get('todo', '–')}   pending {q.get('pending', '–')}   "
-                         f"done {q.get('done', '–')}   failed {q.get('failed', '–')}")
-    top.add_row("throughput", f"{_num(snap.examples_per_s)} examples/s   {snap.examples:,} trained "
-                              f"({snap.tasks_reported:,} tasks)   {_num(snap.applied)} applied by every shard")
-    auc = _num(snap.auc, "{:.4f}")
-    top.add_row("quality", f"prequential AUC [bold green]{auc}[/bold green]   log-loss "
-                           f"{_num(snap.loss, '{:.4f}')}   (last {ROLLING_TASKS} tasks, example-weighted)")
-    top.add_row("freshness", f"event → task trained {_num(snap.event_to_trained_s, '{:.1f} s')} "
-                             f"(median, last {ROLLING_TASKS})   newest trained event "
-                             f"{_num(snap.newest_trained_age_s, '{:.1f} s')} old")
+                         f"done {q.get('done', '–')}   failed {q.get('failed', '–')}   "
+                         f"[dim]({snap.tasks_reported:,} finished)[/dim]")
+    top.add_row("throughput", f"{_num(snap.examples_per_s)} examples/s   {snap.examples:,} trained   "
+                              f"{_num(snap.applied)} applied")
+    top.add_row("quality", f"prequential AUC [bold green]{_num(snap.auc, '{:.4f}')}[/bold green]   "
+                           f"log-loss {_num(snap.loss, '{:.4f}')}   [dim](last {ROLLING_TASKS} tasks)[/dim]")
+    top.add_row("freshness", f"event → trained {_num(snap.event_to_trained_s, '{:.1f} s')} [dim](median)[/dim]"
+                             f"   newest trained event {_num(snap.newest_trained_age_s, '{:.1f} s')} old")
     if snap.timings:
         top.add_row("per task", "   ".join(f"{k[:-2]} {v:.2f} s" for k, v in snap.timings.items()))
 
-    shards = Table("shard", "version", "deltas", "examples applied", "dropped dups", "checkpoints",
-                   title="pserver shards", title_justify="left", expand=False)
-    for i, s in enumerate(snap.shards):
-        shards.add_row(str(i), _num(s.get("version")), _num(s.get("deltas")), _num(s.get("examples")),
-                       _num(s.get("dropped")), _num(s.get("checkpoints")))
-
-    procs = Table("process", "state", "pid", "restarts", "last exit", title="processes",
-                  title_justify="left")
+    procs = Table("process", "state", "pid", "restarts", "exit", "detail", box=box.SIMPLE_HEAD,
+                  padding=(0, 1), pad_edge=False)
     colours = {"running": "green", "restarting": "yellow", "stopped": "dim"}
+    leader_pid = None
+    if snap.leader and ":" in snap.leader:
+        leader_pid = snap.leader.rsplit(":", 1)[1]
     for c in supervisor.children.values():
         colour = colours.get(c.state, "red")
+        detail = ""
+        if c.name.startswith("pserver-"):
+            i = int(c.name.split("-", 1)[1])
+            s = snap.shards[i] if i < len(snap.shards) else {}
+            if s:
+                detail = (f"v{_num(s.get('version'))}  {_num(s.get('examples'))} applied  "
+                          f"{_num(s.get('checkpoints'))} ckpt" + (f"  {s['dropped']:,} dups" if s.get("dropped") else ""))
+        elif c.name == "master" and c.pid is not None:
+            detail = "leader" if leader_pid == str(c.pid) else "standby"
         procs.add_row(c.name, f"[{colour}]{c.state}[/{colour}]", _num(c.pid, "{}"), str(c.restarts),
-                      _num(c.last_exit, "{}"))
+                      _num(c.last_exit, "{}"), detail)
 
-    parts = [top, shards, procs]
+    parts = [top, procs]
     if events or snap.errors:
-        parts.append(Text("\n".join([*events[-5:], *snap.errors]), style="dim"))
-    parts.append(Text("Ctrl-C stops the demo (children get SIGTERM, then the services stop).",
-                      style="dim"))
+        parts.append(Text("\n".join([*events[-3:], *snap.errors[-2:]]), style="dim"))
+    parts.append(Text("Ctrl-C stops the demo: children get SIGTERM, then the services stop.", style="dim"))
     return Group(*parts)

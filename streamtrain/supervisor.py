@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +38,7 @@ class Child:
     """One supervised command and what happened to it so far."""
 
     name: str
-    args: list[str]
+    args: Sequence[str] | Callable[[], Sequence[str]]  # a callable is evaluated at every (re)start
     log_path: Path
     proc: subprocess.Popen | None = None
     state: str = "new"  # new | running | restarting | stopped | exited
@@ -71,21 +71,24 @@ class Supervisor:
         self.stopping = False
         log_dir.mkdir(parents=True, exist_ok=True)
 
-    def add(self, name: str, args: Sequence[str]) -> Child:
+    def add(self, name: str, args: Sequence[str] | Callable[[], Sequence[str]]) -> Child:
+        """Start `python -m streamtrain ARGS` as `name`; `args` may be a callable, evaluated at every
+        (re)start, for a command that must resume where its predecessor stopped."""
         if name in self.children:
             raise ValueError(f"child {name!r} already supervised")
-        child = Child(name, list(args), self.log_dir / f"{name}.log")
+        child = Child(name, args if callable(args) else list(args), self.log_dir / f"{name}.log")
         self.children[name] = child
         self._spawn(child)
         return child
 
     def _spawn(self, child: Child) -> None:
+        args = list(child.args() if callable(child.args) else child.args)  # may raise: see poll()
         with open(child.log_path, "ab") as log:
             log.write(f"--- {time.strftime('%H:%M:%S')} supervisor: starting {child.name} "
-                      f"(restart {child.restarts})\n".encode())
+                      f"(restart {child.restarts}): streamtrain {' '.join(args)}\n".encode())
             log.flush()
             child.proc = subprocess.Popen(
-                [sys.executable, "-m", "streamtrain", *child.args], env=self.env,
+                [sys.executable, "-m", "streamtrain", *args], env=self.env,
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
@@ -112,7 +115,13 @@ class Supervisor:
                               f"restarting in {child.backoff_s:.0f} s")
             elif child.state == "restarting" and now >= child.restart_at:
                 child.restarts += 1
-                self._spawn(child)
+                try:
+                    self._spawn(child)
+                except Exception as exc:  # noqa: BLE001  a failed start is retried like a crash
+                    child.backoff_s = min(max(child.backoff_s, self.min_backoff_s) * 2, self.max_backoff_s)
+                    child.restart_at = now + child.backoff_s
+                    events.append(f"{child.name} could not start ({exc}); retrying in {child.backoff_s:.0f} s")
+                    continue
                 events.append(f"{child.name} restarted (pid {child.proc.pid}, restart {child.restarts})")
         return events
 

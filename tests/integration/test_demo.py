@@ -1,6 +1,7 @@
 """`streamtrain demo` end to end, headless, against the session's services: the real job's
-processes under the demo's supervisor learn the click model online, a SIGKILLed trainer is
-restarted, and nothing is left running afterwards."""
+processes under the demo's supervisor learn the click model online, a SIGKILLed trainer and a
+SIGKILLed producer are restarted (the producer resuming after the records already in the topic),
+and nothing is left running afterwards."""
 
 from __future__ import annotations
 
@@ -19,24 +20,28 @@ pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 def test_demo_learns_online_survives_a_killed_trainer_and_leaves_no_process(services, unique, tmp_path) -> None:
     out = io.StringIO()
-    killed: list[int] = []
+    killed: dict[str, int] = {}
 
-    def kill_a_trainer_once(elapsed: float, supervisor: Supervisor) -> None:
-        child = supervisor.children["trainer-0"]
-        if not killed and elapsed >= 25 and child.pid is not None:
-            killed.append(child.pid)
-            os.kill(child.pid, signal.SIGKILL)
+    def kill_once(elapsed: float, supervisor: Supervisor) -> None:
+        for name, at in (("trainer-0", 25), ("producer", 35)):
+            child = supervisor.children[name]
+            if name not in killed and elapsed >= at and child.pid is not None:
+                killed[name] = child.pid
+                os.kill(child.pid, signal.SIGKILL)
 
     summary = run_demo(services, Console(file=out, width=200), home=tmp_path, duration=65, headless=True,
-                       job=unique("demo"), on_tick=kill_a_trainer_once)
+                       job=unique("demo"), on_tick=kill_once)
     log = out.getvalue()
 
-    assert killed, log
-    assert summary.restarts["trainer-0"] >= 1, log
-    assert summary.first_auc_s is not None and summary.first_auc_s < 40, log
+    assert set(killed) == {"trainer-0", "producer"}, log
+    assert summary.restarts["trainer-0"] >= 1 and summary.restarts["producer"] >= 1, log
+    starts = [line for line in (tmp_path / "demo" / summary.job / "logs" / "producer.log").read_text().splitlines()
+              if "supervisor: starting" in line]
+    assert len(starts) >= 2 and "--start 0" not in starts[1], starts  # resumed, not replayed
+    assert summary.first_auc_s is not None and summary.first_auc_s < 50, log
     assert summary.auc is not None and summary.auc > 0.7, log
-    assert summary.examples > 40_000, log
-    assert summary.applied is not None and summary.applied > 30_000, log
-    assert len(summary.pids) >= 7  # producer, master, 2 pservers, 2 trainers, the restarted trainer
+    assert summary.examples > 20_000, log  # ~100k on an idle 2-core machine
+    assert summary.applied is not None and summary.applied > 15_000, log
+    assert len(summary.pids) >= 8  # producer, master, 2 pservers, 2 trainers, the two restarted
     assert summary.stray == [] and not [p for p in summary.pids if pid_alive(p)], log
     assert "demo summary" in log and "prequential AUC" in log
