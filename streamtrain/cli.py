@@ -314,6 +314,107 @@ def job_status_cmd(
         console.print(f"[red]failed[/red] {task.task_id} [{task.start}, {task.end}): {task.reason}")
 
 
+@app.command("predict")
+def predict_cmd(
+    job: JobOpt,
+    source: Annotated[str, typer.Argument(metavar="[FILE|-]", 
+        help="File of records, one per line in the job's input.format (base64 lines for binary); "
+        "'-' or nothing reads stdin.", show_default=False)] = "-",
+    as_json: Annotated[bool, typer.Option(
+        "--json/--text", help="One JSON object per record (default), or 'LINE<TAB>SCORE' / "
+        "'LINE<TAB>error: REASON'.")] = True,
+    batch_size: Annotated[int, typer.Option(
+        "--batch-size", min=1, help="Records per scoring call (parameters are pulled fresh for each; "
+        "1 when reading a terminal).")] = 256,
+) -> None:
+    """Score records with the newest parameters of a running job: one result per record,
+    {"line": n, "score": p} or {"line": n, "error": reason} (the command goes on)."""
+    import sys
+
+    from streamtrain.predict import PredictError, Predictor
+
+    try:
+        predictor, client = Predictor.connect(Endpoints.resolve(), _job_name(job))
+    except PredictError as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False)
+        raise typer.Exit(1) from exc
+    try:
+        stream = sys.stdin.buffer if source == "-" else open(source, "rb")  # noqa: SIM115
+    except OSError as exc:
+        err.print(f"error: {source}: {exc.strerror}", markup=False, highlight=False)
+        raise typer.Exit(2) from exc
+    if source == "-" and sys.stdin.isatty():
+        batch_size = 1
+    try:
+        for result in predictor.predict(stream, batch_size):
+            if as_json:
+                line = json.dumps(result.as_dict())
+            else:
+                line = (f"{result.line}\t{result.score:.6f}" if result.error is None
+                        else f"{result.line}\terror: {result.error}")
+            sys.stdout.write(line + "\n")
+            if batch_size == 1:
+                sys.stdout.flush()
+    except PredictError as exc:
+        sys.stdout.flush()
+        err.print(f"error: {exc}", markup=False, highlight=False)
+        raise typer.Exit(1) from exc
+    except BrokenPipeError:  # `streamtrain predict ... | head`
+        pass
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+        client.close()
+
+
+@app.command("checkpoint")
+def checkpoint_cmd(
+    job: JobOpt,
+    wait_s: Annotated[float, typer.Option(
+        "--wait-s", help="How long every pserver shard has to register the checkpoint.")] = 60.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print id, shards, time as JSON.")] = False,
+) -> None:
+    """Checkpoint every pserver shard of a running job now; once all have registered it, record
+    it as checkpoints/latest and print its id. Exits 1 naming the shards that did not answer."""
+    from master.etcd import Etcd
+    from streamtrain.checkpoints import CheckpointError, request_checkpoint
+
+    etcd = Etcd.connect(Endpoints.resolve())
+    try:
+        done = request_checkpoint(etcd, _job_name(job), wait_s)
+    except CheckpointError as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False)
+        raise typer.Exit(1) from exc
+    finally:
+        etcd.close()
+    print(json.dumps(done.as_dict()) if as_json else done.id)
+
+
+@job_app.command("run")
+def job_run_cmd(
+    job: Annotated[Path, typer.Option("--job", help="Job file (TOML).")],
+    trainers: Annotated[int, typer.Option("--trainers", min=0, help="Trainer processes.")] = 2,
+    log_dir: Annotated[Optional[Path], typer.Option(
+        "--log-dir", help="Where each process logs (default: <state dir>/jobs/<job>/logs).",
+        show_default=False)] = None,
+) -> None:
+    """Run a whole job locally: its master, pservers.count shards and N trainers as child
+    processes under a restarting supervisor, with a status line every few seconds, until
+    Ctrl-C/SIGTERM. The services and input topics must already exist (`streamtrain up`)."""
+    from streamtrain.jobrun import run_job
+
+    config = _load_config(job)
+    endpoints = Endpoints.resolve()
+    try:
+        summary = run_job(endpoints, job.resolve(), config, console, trainers=trainers,
+                          log_dir=log_dir or state_home() / "jobs" / config.name / "logs")
+    except InfraError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    if summary.stray:
+        raise typer.Exit(1)
+
+
 from producers.cli import join_cmd, produce_app  # noqa: E402  (registered last: optional heavy imports stay lazy)
 app.add_typer(produce_app, name="produce")
 app.command("join")(join_cmd)

@@ -1,0 +1,180 @@
+"""`streamtrain predict`, `streamtrain checkpoint` and `streamtrain job run` as real processes
+against the session's services and a real (small, bounded) job."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from conftest import StreamtrainProcess, publish_job, wait_for, write_job_file
+from infra import Endpoints
+from master.etcd import Etcd
+from master.service import Master
+from pserver.shard import PserverShard, ShardOptions
+from schemas import EtcdKeys, RedisKeys
+from streamtrain.cli import app
+from streamtrain.supervisor import pid_alive
+from test_trainer import MODEL, Background, applied_exactly, finished, make_job, write_examples
+from trainer.worker import Trainer
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+
+def streamtrain(services: Endpoints, *args: str, stdin: bytes | None = None,
+                timeout: float = 60) -> subprocess.CompletedProcess:
+    env = dict(os.environ, STREAMTRAIN_KAFKA=services.kafka, STREAMTRAIN_ETCD=services.etcd,
+               STREAMTRAIN_REDIS=services.redis)
+    return subprocess.run([sys.executable, "-m", "streamtrain", *args], input=stdin, env=env,
+                          capture_output=True, timeout=timeout)
+
+
+def serving(redis_conn, job: str, shards: int = 2) -> bool:
+    raw = [redis_conn.get(RedisKeys(job).stats(i)) for i in range(shards)]
+    return all(r is not None and json.loads(r).get("serving") for r in raw)
+
+
+def start_shards(background: Background, services: Endpoints, job: str, count: int = 2) -> None:
+    for i in range(count):
+        background.start(lambda stop, i=i: PserverShard(services, ShardOptions(job, i, lease_ttl_s=2)).run(stop))
+
+
+def predict(services: Endpoints, job: str, path: Path) -> list[dict]:
+    done = streamtrain(services, "predict", "--job", job, str(path))
+    assert done.returncode == 0, done.stderr.decode()
+    return [json.loads(line) for line in done.stdout.decode().splitlines()]
+
+
+def test_predict_scores_records_with_the_served_parameters_and_scores_move_with_training(
+        services, redis_conn, topic_factory, unique, tmp_path, monkeypatch) -> None:
+    topic = topic_factory("predict", partitions=2)
+    counts = write_examples(services, topic, [e.to_json() for e in MODEL.examples(4_000)], 2)
+    config = make_job(unique("predict"), topic, tmp_path)
+    probe = MODEL.examples(4, start=10**7)
+    records = tmp_path / "records.jsonl"
+    records.write_bytes(b"\n".join([probe[0].to_json(), probe[1].to_json(), b'{"v":1,"sparse":', b"",
+                                    probe[2].to_json(), probe[3].to_json()]) + b"\n")
+    coord, background = Etcd.connect(services), Background()
+    try:
+        background.start(lambda stop: Master(Etcd.connect(services), services, config).run(stop))
+        start_shards(background, services, config.name)
+        wait_for(lambda: serving(redis_conn, config.name), 60, "both shards serving", interval=0.2)
+
+        before = predict(services, config.name, records)  # served, nothing trained yet
+        assert [r["line"] for r in before] == [1, 2, 3, 5, 6]  # line 4 is blank: no record
+        assert "error" in before[2] and "score" not in before[2], before
+        assert before[2]["error"], before
+        scored = [r for r in before if "score" in r]
+        assert len(scored) == 4 and all(0 < r["score"] < 1 for r in scored), before
+
+        background.start(lambda stop: Trainer(services, config.name, "t0", lease_ttl_s=2).run(stop))
+        wait_for(lambda: finished(coord, config.name), 90, "the job's single pass", interval=0.5)
+        wait_for(lambda: applied_exactly(redis_conn, config.name, counts, topic), 30, "pservers applied all")
+
+        after = predict(services, config.name, records)
+        assert [r["line"] for r in after] == [1, 2, 3, 5, 6] and "error" in after[2]
+        trained = [r["score"] for r in after if "score" in r]
+        assert len(trained) == 4 and all(0 < p < 1 for p in trained), after
+        moved = np.abs(np.array(trained) - np.array([r["score"] for r in scored]))
+        assert moved.max() > 0.01, (scored, after)
+
+        # stdin and the text format (in this process: a third start-up of torch costs seconds);
+        # an unknown job fails clearly.
+        monkeypatch.setenv("STREAMTRAIN_KAFKA", services.kafka)
+        monkeypatch.setenv("STREAMTRAIN_ETCD", services.etcd)
+        monkeypatch.setenv("STREAMTRAIN_REDIS", services.redis)
+        text = CliRunner().invoke(app, ["predict", "--job", config.name, "--text"], input=records.read_bytes())
+        assert text.exit_code == 0, text.output
+        lines = text.stdout.splitlines()
+        assert len(lines) == 5 and lines[2].startswith("3\terror: "), lines
+        assert abs(float(lines[0].split("\t")[1]) - trained[0]) < 1e-5
+        missing = CliRunner().invoke(app, ["predict", "--job", unique("nojob")], input=b"")
+        assert missing.exit_code == 1 and "no config" in missing.stderr, missing.output
+    finally:
+        background.close()
+        coord.close()
+
+
+def test_checkpoint_registers_every_shard_and_sets_latest(services, etcd, redis_conn, unique, tmp_path) -> None:
+    config = make_job(unique("ckpt"), "input-unused", tmp_path)
+    keys = EtcdKeys(config.name)
+    coord, background = Etcd.connect(services), Background()
+    try:
+        publish_job(coord, config)
+        start_shards(background, services, config.name)
+        wait_for(lambda: serving(redis_conn, config.name), 60, "both shards serving", interval=0.2)
+        started = time.monotonic()
+        done = streamtrain(services, "checkpoint", "--job", config.name, "--wait-s", "30")
+        took = time.monotonic() - started
+        assert done.returncode == 0, done.stderr.decode()
+        checkpoint_id = done.stdout.decode().strip()
+        for i in range(2):
+            entry = coord.get(keys.checkpoint_shard(checkpoint_id, i))
+            assert entry is not None and json.loads(entry.value)["shard"] == i
+        latest = json.loads(coord.get(keys.checkpoints_latest).value)
+        assert latest["id"] == checkpoint_id and latest["shards"] == 2 and latest["at"] > time.time() - took - 5
+        assert coord.get(keys.control("checkpoint")) is None  # the request is withdrawn
+
+        # A job whose shards are not running: exit 1, naming them; latest stays as it was.
+        other = make_job(unique("ckptdown"), "input-unused", tmp_path)
+        publish_job(coord, other)
+        failed = streamtrain(services, "checkpoint", "--job", other.name, "--wait-s", "1")
+        assert failed.returncode == 1
+        message = failed.stderr.decode()
+        assert "[0, 1]" in message and "did not register" in message and "not running" in message, message
+        assert coord.get(EtcdKeys(other.name).checkpoints_latest) is None
+    finally:
+        background.close()
+        coord.close()
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                pass
+    return found
+
+
+def test_job_run_trains_a_bounded_job_and_stops_cleanly_on_sigterm(services, topic_factory, unique, tmp_path) -> None:
+    topic = topic_factory("jobrun", partitions=2)
+    write_examples(services, topic, [e.to_json() for e in MODEL.examples(2_000)], 2)
+    config = make_job(unique("jobrun"), topic, tmp_path, max_records=500)
+    job_file = write_job_file(tmp_path / "job.toml", config)
+    run = StreamtrainProcess(services, ["job", "run", "--job", str(job_file), "--trainers", "1",
+                                        "--log-dir", str(tmp_path / "logs")], "jobrun", tmp_path)
+    coord = Etcd.connect(services)
+    seen: set[int] = set()
+    try:
+        def done() -> bool:
+            assert run.proc.poll() is None, run.log.read_text()
+            seen.update(children_of(run.proc.pid))
+            return finished(coord, config.name)
+
+        wait_for(done, 90, "the job's single pass under `job run`", interval=0.5)
+        assert len(seen) >= 4, seen  # master, 2 pservers, 1 trainer
+        wait_for(lambda: "finished its last pass" in run.log.read_text(), 20, "the finished event", interval=0.2)
+        run.kill(signal.SIGTERM)
+        assert run.wait(40) == 0, run.log.read_text()
+        log = run.log.read_text()
+        assert "state finished" in log and "no stray process" in log, log
+        assert "tasks todo/pending/done/failed" in log, log
+        assert not [p for p in seen if pid_alive(p)], (seen, log)
+        assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == [
+            "master.log", "pserver-0.log", "pserver-1.log", "trainer-0.log"]
+    finally:
+        run.kill(signal.SIGKILL)
+        coord.close()
