@@ -134,6 +134,8 @@ def test_minimal_job_file_takes_every_documented_default():
             "embedding_dim": 16,
             "hash_buckets": 2**20,
             "batch_size": 256,
+            "sparse_fields": [],
+            "dense_features": 0,
         },
         "train": {
             "sgd": "async",
