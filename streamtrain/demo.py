@@ -179,8 +179,13 @@ def run_demo(target: LocalServices | Endpoints, console: Console, *, home: Path 
     console.rule("streamtrain demo")
     local = target if isinstance(target, LocalServices) else None
     if local is not None:
-        for name, took in local.up().items():
-            console.print(f"{name:6} " + ("already running" if took is None else f"ready in {took:.1f} s"))
+        try:
+            for name, took in local.up().items():
+                console.print(f"{name:6} " + ("already running" if took is None else f"ready in {took:.1f} s"))
+        except BaseException:  # a failed or interrupted start leaves nothing half up
+            if not keep_running:
+                local.down()
+            raise
         endpoints, home = local.endpoints, home or local.home
     else:
         endpoints = target
@@ -216,9 +221,9 @@ def run_demo(target: LocalServices | Endpoints, console: Console, *, home: Path 
             except Exception:  # noqa: BLE001
                 pass
             monitor.close()
-        restore()
         if local is not None and not keep_running:
             console.print(f"stopped: {', '.join(local.down()) or 'nothing'}")
+        restore()  # only now: a second Ctrl-C must not interrupt the clean-up
     pids = supervisor.all_pids()
     summary = DemoSummary(
         job=plan.job, duration_s=round(time.monotonic() - started, 1),
