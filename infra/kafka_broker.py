@@ -157,6 +157,10 @@ class KafkaBroker(ServerProcess):
             "offsets.topic.num.partitions": "4",
             "transaction.state.log.num.partitions": "4",
             "group.initial.rebalance.delay.ms": "0",
+            # A trainer killed inside a commit leaves an open transaction that holds back every
+            # read_committed reader until the broker aborts it: look for expired ones every
+            # second, not every 10 s (the client's transaction.timeout.ms still decides when).
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
             # Topics are created on purpose, with the partition count the job asks for.
             "auto.create.topics.enable": "false",
         }

@@ -32,12 +32,14 @@ from master.errors import MasterError
 from master.etcd import Etcd
 from master.membership import read_job_config, register_pserver
 from master.offsets import InputOffsets, InputUnavailableError
+from pserver.barrier import StepBarrier
 from pserver.checkpoint import CheckpointStore
 from pserver.optimizers import make_rule
 from pserver.serving import Publisher
 from pserver.sharding import SlotMap
 from pserver.state import BadDeltaError, Changes, ShardState
 from schemas import DeadLetter, EtcdKeys, GradientDelta, PartitionCursor, RedisKeys, SchemaError, Topics
+from streamtrain.observability import PserverMetrics
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +103,9 @@ class BackgroundPublisher:
     """
 
     def __init__(self, publisher: Publisher, state: ShardState, lock: threading.Lock,
-                 interval_s: float, check_every_s: float) -> None:
+                 interval_s: float, check_every_s: float, publish_seconds=None) -> None:
         self.publisher = publisher
+        self.publish_seconds = publish_seconds  # a prometheus Histogram, or None
         self.state = state
         self.lock = lock
         self.interval_s = interval_s
@@ -142,7 +145,7 @@ class BackgroundPublisher:
 
     def round(self) -> None:
         now = time.monotonic()
-        if now - self._checked_at >= self.check_every_s:
+        if self.version is not None and now - self._checked_at >= self.check_every_s:
             self._checked_at = now
             if not self.publisher.published():
                 log.warning("shard %d: version key gone from Redis; republishing everything",
@@ -156,7 +159,10 @@ class BackgroundPublisher:
             if changes is None:
                 return
             snapshot = self.publisher.snapshot(self.state, changes)
+        began = time.perf_counter()
         version = self.publisher.send(snapshot)
+        if self.publish_seconds is not None:
+            self.publish_seconds.observe(time.perf_counter() - began)
         self.publishes += 1
         self.rows += snapshot.size
         if everything:
@@ -179,6 +185,7 @@ class PserverShard:
         self.serving = False
         self.checkpoint_id: str | None = None
         self.lock = threading.Lock()  # held while applying and while the publisher copies
+        self._requests_done: set[str] = set()
         self._fold: tuple[dict, int] | None = None  # watermarks read, LSO to pass before folding
 
     # -- life cycle ----------------------------------------------------------------------
@@ -211,6 +218,10 @@ class PserverShard:
 
     def _serve(self, config: JobConfig, stop: threading.Event, ready: threading.Event | None) -> None:
         index = self.index
+        self.config = config
+        self.metrics = PserverMetrics.for_shard(config.name, index)
+        # Sync mode waits at a step barrier; bounded mode only reports trainers' steps.
+        self.barrier = StepBarrier(sync=config.train.sgd == "sync")
         topics = Topics(config.name)
         self.grad_topic = topics.grad(index)
         self.dlq_topic = topics.dlq
@@ -239,7 +250,7 @@ class PserverShard:
         self.redis = redis_client(self.endpoints)
         self.publishing = BackgroundPublisher(Publisher(self.redis, config.name, index), self.state,
                                               self.lock, self.options.publish_interval_s,
-                                              self.options.housekeeping_s)
+                                              self.options.housekeeping_s, self.metrics.publish_seconds)
         self.admin = InputOffsets(self.endpoints)
         self.consumer = Consumer({
             "bootstrap.servers": self.endpoints.kafka,
@@ -321,6 +332,7 @@ class PserverShard:
                 self._fold_dedup()
                 next_fold = now + self.options.fold_interval_s
             if now >= next_housekeeping:
+                self._release()
                 self._housekeeping()
                 next_housekeeping = now + self.options.housekeeping_s
             if now >= next_checkpoint:
@@ -348,17 +360,38 @@ class PserverShard:
             delta = GradientDelta.from_bytes(msg.value())
             if delta.shard != self.index:
                 raise BadDeltaError(f"delta for shard {delta.shard} on shard {self.index}'s topic")
+            self.state.check(delta)
+        except (SchemaError, BadDeltaError) as exc:
+            self._dead_letter(msg, str(exc))
+            return
+        for ready in self.barrier.offer(delta, msg.offset()):
+            self._apply_delta(ready)
+
+    def _apply_delta(self, delta: GradientDelta) -> None:
+        try:
             with self.lock:
                 changes = self.state.apply(delta)
                 if changes is not None:
                     self.publishing.add(changes)
-        except (SchemaError, BadDeltaError) as exc:
-            self._dead_letter(msg, str(exc))
+        except BadDeltaError as exc:  # fitted when it arrived, not after waiting at a barrier
+            self.counters.bad += 1
+            log.warning("shard %d: delta %s/%d no longer fits: %s", self.index, delta.task_id, delta.seq, exc)
             return
         if changes is None:
             return  # a duplicate: counted by the dedup ledger
         self.counters.deltas += 1
         self.counters.rows += sum(len(ids) for ids in changes.rows.values())
+
+    def _release(self) -> None:
+        """Barrier housekeeping: who is still a live trainer, and what that releases."""
+        if not self.barrier.sync and self.config.train.sgd != "bounded":
+            return
+        self.barrier.live = {e.key.rsplit("/", 1)[1]
+                             for e in self.etcd.range(self.keys.trainers_prefix, keys_only=True)}
+        for ready in self.barrier.release():
+            self._apply_delta(ready)
+        self.redis.set(self.redis_keys.steps(self.index), json.dumps(
+            {"next": self.barrier.next_step, "trainers": self.barrier.steps()}))
 
     def _dead_letter(self, msg: Message, reason: str) -> None:
         self.counters.bad += 1
@@ -373,7 +406,9 @@ class PserverShard:
     # -- serving -------------------------------------------------------------------------
     def _housekeeping(self) -> None:
         self._control()
-        self.redis.set(self.redis_keys.stats(self.index), json.dumps(self.stats()))
+        stats = self.stats()
+        self.metrics.observe_stats(stats)
+        self.redis.set(self.redis_keys.stats(self.index), json.dumps(stats))
 
     def stats(self) -> dict:
         state = self.state
@@ -387,6 +422,8 @@ class PserverShard:
             "rows_published": self.publishing.rows,
             "checkpoint": self.checkpoint_id, "checkpoints": self.counters.checkpoints,
             "dedup_entries": state.dedup.entries,
+            "barrier": {"next_step": self.barrier.next_step, "waiting": self.barrier.waiting,
+                        "participants": sorted(self.barrier.participants())} if self.barrier.sync else None,
             "examples": sum(by_partition.values()), "examples_by_partition": dict(by_partition),
             "table_rows": {name: t.size for name, t in state.tables.items()},
             "at": time.time(),
@@ -411,19 +448,23 @@ class PserverShard:
     # -- checkpoints ---------------------------------------------------------------------
     def checkpoint(self, checkpoint_id: str | None = None) -> str:
         started = time.monotonic()
-        manifest = self.store.save(self.state, {self.grad_topic: self.next_offset},
+        # Deltas waiting at the sync barrier are consumed but not applied: resume before them.
+        waiting = self.barrier.oldest_offset()
+        resume = self.next_offset if waiting is None else waiting
+        manifest = self.store.save(self.state, {self.grad_topic: resume},
                                    self.state.dedup.watermarks(), self.slot_map.slots_of(self.index),
                                    checkpoint_id)
         self.checkpoint_id = manifest.checkpoint_id
         self.counters.checkpoints += 1
         self.etcd.put(self.keys.checkpoint_shard(manifest.checkpoint_id, self.index), json.dumps({
-            "uri": self.store.uri, "shard": self.index, "grad_offset": self.next_offset,
+            "uri": self.store.uri, "shard": self.index, "grad_offset": resume,
             "created_at": manifest.created_at, "optimizer": manifest.optimizer,
             "rows": {name: t.size for name, t in self.state.tables.items()},
         }).encode())
         self._forget_pruned()
+        self.metrics.checkpoint_seconds.observe(time.monotonic() - started)
         log.info("shard %d: checkpoint %s at offset %d in %.2f s", self.index, manifest.checkpoint_id,
-                 self.next_offset, time.monotonic() - started)
+                 resume, time.monotonic() - started)
         return manifest.checkpoint_id
 
     def _forget_pruned(self) -> None:
@@ -445,6 +486,10 @@ class PserverShard:
         except (ValueError, KeyError, TypeError, SchemaError) as exc:
             log.warning("shard %d: ignoring control/checkpoint %r: %s", self.index, entry.value, exc)
             return
-        if wanted != self.checkpoint_id and self.etcd.get(key) is None:
-            self.checkpoint(wanted)
+        kept = self.store.complete_ids()
+        # Taken once: not again after this shard pruned it (ids sort by time) or restarted.
+        if wanted in self._requests_done or (kept and wanted < kept[0]) or self.etcd.get(key) is not None:
+            return
+        self.checkpoint(wanted)
+        self._requests_done.add(wanted)
 

@@ -53,7 +53,7 @@ class ShardState:
         Raises:
             BadDeltaError: the delta does not fit the parameters here; nothing was applied.
         """
-        self._check(delta)
+        self.check(delta)
         if not self.dedup.admit(delta.task_id, delta.seq):
             return None
         changes = Changes()
@@ -87,7 +87,8 @@ class ShardState:
             totals[f"{task.topic}:{task.partition}"] += n
         return dict(totals)
 
-    def _check(self, delta: GradientDelta) -> None:
+    def check(self, delta: GradientDelta) -> None:
+        """Raises BadDeltaError if the delta cannot apply here (checked before anything is)."""
         for part in delta.sparse:
             table = self.tables.get(part.table)
             if table is not None and table.dim != part.dim:

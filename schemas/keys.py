@@ -154,6 +154,10 @@ class RedisKeys:
     def version(self, shard: int) -> str:
         return f"{self.prefix}version:{_redis_check.integer('shard', shard, hi=U32_MAX)}"
 
+    def steps(self, shard: int) -> str:
+        """Sync/bounded SGD: {"next": first step not yet released, "trainers": {id: newest step}}."""
+        return f"{self.prefix}steps:{_redis_check.integer('shard', shard, hi=U32_MAX)}"
+
     def stats(self, shard: int) -> str:
         """A shard's counters as JSON (applied, dropped duplicates, bad deltas, examples)."""
         return f"{self.prefix}stats:{_redis_check.integer('shard', shard, hi=U32_MAX)}"

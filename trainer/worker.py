@@ -41,6 +41,7 @@ from trainer.metrics import TaskMetrics
 from trainer.models import ModelSpec
 from trainer.params import DenseLayout, GradientBuffer, ParamSync
 from trainer.reader import RangeReader, RangeReadError
+from trainer.steps import StepGate
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,9 @@ class Trainer:
         self.redis = redis_client(self.endpoints)
         self.sync = ParamSync(ParamClient(self.redis, config.name, self.slot_map), self.layout)
         self.buffer = GradientBuffer(self.slot_map, self.shards)
+        self.gate = StepGate(self.redis, config.name, self.shards, config.train.sgd, config.train.staleness,
+                             self.trainer_id, max_wait_s=max(1.0, config.tasks.timeout_s / 3))
+        self.step = self.gate.first_step()
         self.reader = RangeReader(self.endpoints, f"{config.name}.trainer.{self.trainer_id}")
         if config.train.delivery == "exactly_once":
             self.delivery = TransactionalDelivery(self.endpoints, f"{config.name}.trainer.{self.trainer_id}")
@@ -293,12 +297,15 @@ class Trainer:
             self.delivery.add(self.topics.grad(delta.shard), delta.to_bytes(), self._task.task_id.encode())
         self.model.zero_grad(set_to_none=True)
         self._seq += 1
-        self.step += 1
+        pushed, self.step = self.step, self.step + 1
         self._group_batches = self._group_examples = 0
         self._since_commit += 1
         commit_every = self.config.train.commit_every
-        if self.config.train.delivery == "at_least_once" or (commit_every and self._since_commit >= commit_every):
+        # Sync and bounded modes commit every push: shards only see committed steps.
+        if (self.config.train.delivery == "at_least_once" or self.gate.active
+                or (commit_every and self._since_commit >= commit_every)):
             self._commit()
+            self.step = self.gate.after_push(pushed)
         elif time.monotonic() - self._heartbeat_at > self.config.tasks.timeout_s / 3:
             self._heartbeat()
         elapsed = time.perf_counter() - started

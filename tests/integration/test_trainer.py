@@ -227,7 +227,9 @@ def test_a_task_redone_after_a_killed_or_frozen_trainer_is_applied_exactly_once(
                      "the rescuer redoing the victim's task", interval=0.1)
             victim.kill(signal.SIGCONT)
         wait_for(lambda: finished(coord, config.name), 120, "the job's single pass", interval=0.5)
-        wait_for(lambda: applied_exactly(redis_conn, config.name, counts, topic), 30,
+        # A victim killed inside a commit holds the shards back until the broker aborts its
+        # transaction (transaction.timeout.ms, 10 s).
+        wait_for(lambda: applied_exactly(redis_conn, config.name, counts, topic), 60,
                  "every example applied exactly once")
         stats = shard_stats(redis_conn, config.name)
         assert all(s["dropped"] > 0 for s in stats), stats  # the redone groups were dropped

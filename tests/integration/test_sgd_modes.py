@@ -1,0 +1,80 @@
+"""Sync and bounded-staleness SGD with real shards and trainers: the barrier holds steps,
+lets a frozen trainer go when its lease expires, and nothing is applied twice or lost."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+
+from conftest import wait_for
+from master.etcd import Etcd
+from master.service import Master
+from pserver.shard import PserverShard, ShardOptions
+from test_trainer import (MODEL, Background, applied_exactly, finished, make_job, shard_stats,
+                          trainer_process, write_examples)
+from trainer.worker import Trainer
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+
+def test_sync_barrier_releases_steps_and_lets_a_frozen_trainer_go(services, redis_conn, topic_factory,
+                                                                 unique, tmp_path) -> None:
+    topic = topic_factory("sync", partitions=2)
+    counts = write_examples(services, topic, [e.to_json() for e in MODEL.examples(8_000)], 2)
+    config = make_job(unique("sync"), topic, tmp_path, sgd="sync", batch_size=64, max_records=1000, timeout_s=6)
+    coord, background = Etcd.connect(services), Background()
+    frozen = None
+    try:
+        background.start(lambda stop: Master(Etcd.connect(services), services, config).run(stop))
+        for i in range(2):
+            background.start(lambda stop, i=i: PserverShard(services, ShardOptions(config.name, i, lease_ttl_s=2)).run(stop))
+        background.start(lambda stop: Trainer(services, config.name, "steady", lease_ttl_s=2).run(stop))
+        frozen = trainer_process(services, config.name, "frozen", tmp_path)
+        # Both trainers at the barrier: each step waits for both.
+        wait_for(lambda: len((shard_stats(redis_conn, config.name)[0].get("barrier") or {})
+                             .get("participants", [])) == 2, 90, "two trainers at the barrier", interval=0.1)
+        step_before = shard_stats(redis_conn, config.name)[0]["barrier"]["next_step"]
+        frozen.kill(signal.SIGSTOP)  # its lease expires: it must leave the barrier
+        wait_for(lambda: shard_stats(redis_conn, config.name)[0]["barrier"]["next_step"] > step_before + 20,
+                 60, "steps released without the frozen trainer", interval=0.2)
+        frozen.kill(signal.SIGCONT)
+        wait_for(lambda: finished(coord, config.name), 180, "the job's single pass", interval=0.5)
+        wait_for(lambda: applied_exactly(redis_conn, config.name, counts, topic), 30, "exactly once")
+        assert all(s["barrier"]["waiting"] == 0 for s in shard_stats(redis_conn, config.name))
+    finally:
+        if frozen is not None:
+            frozen.kill(signal.SIGCONT)
+            frozen.kill(signal.SIGTERM)
+            frozen.wait(30)
+        background.close()
+        coord.close()
+
+
+def test_bounded_staleness_keeps_trainers_within_s_steps(services, redis_conn, topic_factory, unique, tmp_path) -> None:
+    topic = topic_factory("bounded", partitions=2)
+    counts = write_examples(services, topic, [e.to_json() for e in MODEL.examples(6_000)], 2)
+    config = make_job(unique("bounded"), topic, tmp_path, sgd="bounded", staleness=3, batch_size=64,
+                      max_records=1000)
+    coord, background = Etcd.connect(services), Background()
+    spread = []
+
+    def watch() -> bool:
+        steps = json.loads(redis_conn.get(f"st:{config.name}:steps:0") or b'{"trainers": {}}')["trainers"]
+        if len(steps) == 2:
+            spread.append(abs(steps["a"] - steps["b"]) if {"a", "b"} <= set(steps) else 0)
+        return finished(coord, config.name)
+
+    try:
+        background.start(lambda stop: Master(Etcd.connect(services), services, config).run(stop))
+        for i in range(2):
+            background.start(lambda stop, i=i: PserverShard(services, ShardOptions(config.name, i, lease_ttl_s=2)).run(stop))
+        for name in ("a", "b"):
+            background.start(lambda stop, name=name: Trainer(services, config.name, name, lease_ttl_s=2).run(stop))
+        wait_for(watch, 180, "the job's single pass", interval=0.05)
+        wait_for(lambda: applied_exactly(redis_conn, config.name, counts, topic), 30, "exactly once")
+        assert spread and max(spread) <= 3 + 2, spread  # s, plus steps in flight between reads
+    finally:
+        background.close()
+        coord.close()
