@@ -1,6 +1,7 @@
 """Trainer examples/s through the whole system (exact reads from Kafka, decode, row pulls
 from Redis, forward/backward, deltas committed to the gradient topics in Kafka transactions),
-beside a bare PyTorch loop over the same examples and model in the same run.
+beside a bare PyTorch loop over the same examples and model in the same run (in memory, and
+decoding the same JSON records first).
 
     python -m bench.trainer_throughput [--examples 60000] [--model trainer.models:LogisticRegression]
                                        [--batch-size 256] [--commit-every 0]
@@ -27,7 +28,7 @@ from master.etcd import Etcd
 from master.service import Master
 from producers.clickmodel import ClickModel
 from pserver.shard import PserverShard, ShardOptions
-from schemas import EtcdKeys
+from schemas import EtcdKeys, Example
 from trainer.local import LocalTrainer
 from trainer.worker import Trainer
 
@@ -98,12 +99,19 @@ def run(endpoints: Endpoints, args: argparse.Namespace, home: Path) -> dict:
     began = time.perf_counter()
     local.train(examples)
     bare_s = time.perf_counter() - began
+    values = [e.to_json() for e in examples]
+    local = LocalTrainer(config)
+    began = time.perf_counter()
+    local.train([Example.from_json(v) for v in values])
+    bare_decode_s = time.perf_counter() - began
     return {
         "examples": len(examples), "model": args.model, "batch_size": args.batch_size,
         "commit_every": args.commit_every,
         "trainer_examples_per_s": round(len(examples) / system_s),
         "bare_torch_examples_per_s": round(len(examples) / bare_s),
         "ratio": round(bare_s / system_s, 3),
+        "bare_torch_with_json_decode_examples_per_s": round(len(examples) / bare_decode_s),
+        "ratio_vs_bare_with_decode": round(bare_decode_s / system_s, 3),
         "note": "trainer time includes its start-up (model build, producer init) and etcd claims",
     }
 

@@ -38,6 +38,7 @@ class LocalTrainer:
         rule = _OPTIMIZERS.get(config.pservers.optimizer)
         if rule is None:
             raise ValueError(f"no torch.optim reference for optimizer {config.pservers.optimizer!r}")
+        self.sparse = rule is not torch.optim.Adam  # torch's Adam takes no sparse gradients
         self.optimizer = rule([*self.model.parameters(), *self.tables.parameters()],
                               lr=config.train.learning_rate)
         self.batch_size = config.model.batch_size
@@ -46,7 +47,11 @@ class LocalTrainer:
         batch = self.featurizer.batch(examples)
         ids = torch.from_numpy(batch.ids.astype(np.int64))
         bags = torch.from_numpy(batch.bags)
-        pooled = {name: pool(table, ids, bags, batch.size, batch.fields) for name, table in self.tables.items()}
+        every = torch.arange(len(ids))
+        # Sparse gradients: the optimizer touches only the rows of the batch, as a shard does
+        # (a dense gradient would update all hash_buckets rows every step).
+        pooled = {name: pool(F.embedding(ids, table, sparse=self.sparse), every, bags, batch.size, batch.fields)
+                  for name, table in self.tables.items()}
         return self.model(pooled, torch.from_numpy(batch.dense)), torch.from_numpy(batch.labels)
 
     def train(self, examples: Sequence[Example]) -> None:
