@@ -8,8 +8,10 @@ back as soon as its old lease has expired.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -30,6 +32,17 @@ def read_job_config(etcd: Etcd, job: str) -> JobConfig:
     if entry is None:
         raise MasterError(f"job {job!r} has no config in etcd yet: start its master first")
     return JobConfig.from_json(entry.value, source=EtcdKeys(job).config)
+
+
+def wait_for_job_config(etcd: Etcd, job: str, stop: threading.Event, log: logging.Logger) -> JobConfig | None:
+    """The job's config once its master has published it; None if `stop` is set first."""
+    while not stop.is_set():
+        try:
+            return read_job_config(etcd, job)
+        except MasterError as exc:
+            log.info("%s; waiting", exc)
+            stop.wait(1.0)
+    return None
 
 
 def _member_info(extra: dict[str, object]) -> bytes:

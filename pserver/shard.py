@@ -30,7 +30,7 @@ from infra.clients import TopicSpec, ensure_topics, redis_client
 from master.config import JobConfig
 from master.errors import MasterError
 from master.etcd import Etcd
-from master.membership import read_job_config, register_pserver
+from master.membership import register_pserver, wait_for_job_config
 from master.offsets import InputOffsets, InputUnavailableError
 from pserver.barrier import StepBarrier
 from pserver.checkpoint import CheckpointStore
@@ -193,7 +193,7 @@ class PserverShard:
         """Recover, then serve until `stop`. Raises ShardLostError if the lease is lost."""
         self.etcd = Etcd.connect(self.endpoints)
         try:
-            config = self._wait_for_config(stop)
+            config = wait_for_job_config(self.etcd, self.options.job, stop, log)
             if config is None:
                 return
             self.index, self.lease = register_pserver(
@@ -206,15 +206,6 @@ class PserverShard:
                 self.lease.revoke()
         finally:
             self.etcd.close()
-
-    def _wait_for_config(self, stop: threading.Event) -> JobConfig | None:
-        while not stop.is_set():
-            try:
-                return read_job_config(self.etcd, self.options.job)
-            except MasterError as exc:
-                log.info("%s; waiting", exc)
-                stop.wait(1.0)
-        return None
 
     def _serve(self, config: JobConfig, stop: threading.Event, ready: threading.Event | None) -> None:
         index = self.index

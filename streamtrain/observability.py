@@ -246,3 +246,18 @@ class PserverMetrics:
                 gauge.labels(*ls).set(value)
         if "serving" in stats:
             self._f.serving.labels(*ls).set(1 if stats["serving"] else 0)
+
+
+def scrape(url: str, timeout: float = 10.0) -> dict[str, float]:
+    """A /metrics page as {'name{label=value,...}': value}, parsed by prometheus-client."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(url, timeout=timeout).read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{labels}}}"] = sample.value
+    return out

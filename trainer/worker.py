@@ -28,7 +28,7 @@ from infra.clients import TopicSpec, ensure_topics, redis_client
 from master.config import JobConfig
 from master.errors import MasterError, TaskLostError
 from master.etcd import Etcd
-from master.membership import read_job_config, register_trainer
+from master.membership import register_trainer, wait_for_job_config
 from master.tasks import ClaimedTask, TaskClient
 from pserver.serving import ParamClient, ParamsUnavailableError
 from pserver.sharding import SlotMap
@@ -95,7 +95,7 @@ class Trainer:
     def run(self, stop: threading.Event, max_tasks: int | None = None) -> None:
         self.etcd = Etcd.connect(self.endpoints)
         try:
-            config = self._wait_for_config(stop)
+            config = wait_for_job_config(self.etcd, self.job, stop, log)
             if config is None:
                 return
             self._setup(config)
@@ -108,15 +108,6 @@ class Trainer:
                 self.lease.revoke()
         finally:
             self.etcd.close()
-
-    def _wait_for_config(self, stop: threading.Event) -> JobConfig | None:
-        while not stop.is_set():
-            try:
-                return read_job_config(self.etcd, self.job)
-            except MasterError as exc:
-                log.info("%s; waiting", exc)
-                stop.wait(1.0)
-        return None
 
     def _setup(self, config: JobConfig) -> None:
         self.config = config

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import urllib.request
 
 import pytest
 from confluent_kafka import Producer
@@ -15,6 +14,7 @@ from conftest import wait_for
 from master.etcd import Etcd
 from schemas import Topics
 from streamtrain.curves import write_curves
+from streamtrain.observability import scrape as scrape_url
 from streamtrain.observability import serve_metrics
 from test_trainer import MODEL, Background, finished, make_job, run_job, write_examples
 
@@ -22,15 +22,7 @@ pytestmark = [pytest.mark.services]
 
 
 def scrape(port: int) -> dict[str, float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-            out[f"{s.name}{{{labels}}}"] = s.value
-    return out
+    return scrape_url(f"http://127.0.0.1:{port}/metrics")
 
 
 def scalars(logdir) -> dict[str, list[tuple[int, float]]]:

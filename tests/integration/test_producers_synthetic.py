@@ -1,4 +1,3 @@
-import json
 import subprocess
 import sys
 from collections import Counter

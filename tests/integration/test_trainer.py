@@ -14,9 +14,8 @@ import numpy as np
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from conftest import MasterThread, StreamtrainProcess, job_config, wait_for
+from conftest import StreamtrainProcess, job_config, wait_for
 from infra import Endpoints
-from infra.clients import TopicSpec, ensure_topics
 from master.etcd import Etcd
 from master.service import Master
 from producers.clickmodel import ClickModel

@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-import urllib.request
 import uuid
 
 import pytest
 
 from streamtrain.curves import Curves
+from streamtrain.observability import scrape as scrape_url
 from streamtrain.observability import (PORT_ENV, MasterMetrics, PserverMetrics, TrainerMetrics, metrics_port,
                                        serve_metrics)
 
 
 def scrape(port: int) -> dict[str, float]:
-    """Samples as {'name{labels}': value}, parsed with prometheus-client's own parser."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-            out[f"{s.name}{{{labels}}}"] = s.value
-    return out
+    return scrape_url(f"http://127.0.0.1:{port}/metrics")
 
 
 @pytest.fixture(scope="module")
