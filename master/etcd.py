@@ -187,6 +187,10 @@ def delete_op(key: str) -> tx.Delete:
     return tx.Delete(key)
 
 
+def delete_prefix_op(prefix: str) -> tx.Delete:
+    return tx.Delete(prefix, pyetcd.utils.prefix_range_end(prefix.encode()))
+
+
 def txn_op(compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()) -> tx.Txn:
     """A transaction nested in another: evaluated on its own, in the same round trip."""
     return tx.Txn(list(compare), list(success), list(failure))

@@ -19,7 +19,7 @@ from infra import Endpoints
 from master import plan
 from master.config import JobConfig
 from master.errors import NotLeaderError
-from master.etcd import (MAX_TXN_OPS, Entry, Etcd, Op, absent, delete_op, mod_revision_is,
+from master.etcd import (MAX_TXN_OPS, Entry, Etcd, Op, absent, delete_op, delete_prefix_op, mod_revision_is,
                          nested_succeeded, put_op, txn_op)
 from master.leader import LeaderLock
 from master.offsets import InputOffsets, InputUnavailableError, Partition
@@ -112,6 +112,10 @@ class Master:
             self.keys.tasks("pending"), self.keys.tasks("done"), self.keys.tasks("failed"),
             self.keys.trainers_prefix, self.keys.ps_prefix,
         ])
+        rollback = self.etcd.get(self.keys.control("rollback"))
+        if rollback is not None and json.loads(rollback.value).get("phase") == "master":
+            self._roll_back(rollback.value)
+            return
         todo = self.etcd.range(self.keys.tasks("todo"), keys_only=True)
         self.metrics.queues(todo=len(todo), pending=len(pending), done=len(done), failed=len(failed))
         self._watch_members("trainers", trainers)
@@ -124,6 +128,33 @@ class Master:
         self._slice(len(todo), now)
         if self.config.bounded:
             self._advance_pass(todo, pending)
+
+    # -- rollback ------------------------------------------------------------------------
+    def _roll_back(self, request: bytes) -> None:
+        """Put cursors, task queues and job state back as a quiescent checkpoint recorded them
+        (streamtrain/checkpoints.py); then hand over to the shards. Idempotent: a master that
+        dies half-way leaves the phase at "master" and the next one starts over."""
+        doc = json.loads(request)
+        manifest = self.etcd.get(self.keys.checkpoint_job(doc["to"]))
+        if manifest is None:
+            log.error("rollback to %s: no job manifest in etcd; ignoring the request", doc["to"])
+            return
+        saved = json.loads(manifest.value)
+        self._write([delete_prefix_op(self.keys.tasks_prefix), delete_prefix_op(self.keys.cursors_prefix),
+                     delete_op(self.keys.state)])
+        ops = [put_op(self.keys.cursor(c["topic"], c["partition"]), json.dumps(c).encode())
+               for c in saved["cursors"]]
+        for state in ("todo", "done", "failed"):
+            ops += [put_op(self.keys.task(state, t["task_id"]), json.dumps(t).encode()) for t in saved[state]]
+        if saved.get("state") is not None:
+            ops.append(put_op(self.keys.state, json.dumps(saved["state"]).encode()))
+        for i in range(0, len(ops), MAX_TXN_OPS - 1):
+            self._write(ops[i:i + MAX_TXN_OPS - 1])
+        self._write([put_op(self.keys.control("rollback"), json.dumps({**doc, "phase": "shards"}).encode())])
+        self._observed.clear()
+        self._head_since.clear()
+        self._load()
+        log.warning("rolled back cursors and tasks to checkpoint %s; shards next", doc["to"])
 
     # -- slicing -------------------------------------------------------------------------
     def _slice(self, todo_count: int, now: float) -> None:

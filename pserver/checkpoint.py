@@ -101,14 +101,15 @@ class CheckpointStore:
         """The newest checkpoint whose files match its manifest; None if there is none yet."""
         for checkpoint_id in reversed(self.complete_ids()):
             try:
-                return self._load(checkpoint_id, rule)
+                return self.load(checkpoint_id, rule)
             except CheckpointMismatchError:
                 raise
             except (CheckpointError, SchemaError, OSError, ValueError):
                 continue  # damaged: fall back to the one before
         return None
 
-    def _load(self, checkpoint_id: str, rule: UpdateRule) -> Restored:
+    def load(self, checkpoint_id: str, rule: UpdateRule) -> Restored:
+        """One checkpoint by id. Raises CheckpointError (or SchemaError, OSError) if unreadable."""
         directory = f"{self.root}/{checkpoint_id}"
         manifest = CheckpointManifest.from_json(self._read(f"{directory}/{MANIFEST}"))
         if manifest.optimizer != rule.name:

@@ -102,6 +102,16 @@ class Publisher:
         return Changes(rows={name: t.ids[: t.size] for name, t in state.tables.items()},
                        blocks=set(state.dense))
 
+    def unpublish_rows(self, table: str, ids: np.ndarray) -> None:
+        keys = self._keys.rows(table, ids)
+        for i in range(0, len(keys), _CHUNK):
+            self._redis.unlink(*keys[i:i + _CHUNK])
+
+    def unpublish_blocks(self, blocks: Iterable[tuple[str, int]]) -> None:
+        keys = [self._keys.dense(p, b) for p, b in blocks]
+        if keys:
+            self._redis.unlink(*keys)
+
     def published(self) -> bool:
         return bool(self._redis.exists(self._keys.version(self.shard)))
 

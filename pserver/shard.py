@@ -117,11 +117,27 @@ class BackgroundPublisher:
         self._everything = True
         self._checked_at = time.monotonic()
         self._stop = threading.Event()
+        # Held for a whole round, so no send of an older snapshot is in flight while someone
+        # else (a rollback) changes what Redis should hold.
+        self.round_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="publisher", daemon=True)
 
     def add(self, changes: Changes) -> None:
         """Called with the state lock held, right after the apply that made `changes`."""
         self._pending.add(changes)
+
+    def republish(self) -> None:
+        """Everything, next round (with the state lock held)."""
+        self._pending, self._everything = _Pending(), True
+
+    def unpublish_missing(self, current: ShardState, kept: ShardState) -> None:
+        """Delete from Redis the rows and blocks of `current` that `kept` does not have."""
+        for name, table in current.tables.items():
+            ids = table.ids[:table.size]
+            other = kept.tables.get(name)
+            gone = ids if other is None else ids[other.index.lookup(ids) < 0]
+            self.publisher.unpublish_rows(name, gone)
+        self.publisher.unpublish_blocks(set(current.dense) - set(kept.dense))
 
     def start(self) -> None:
         self._thread.start()
@@ -144,6 +160,10 @@ class BackgroundPublisher:
                 return
 
     def round(self) -> None:
+        with self.round_lock:
+            self._round()
+
+    def _round(self) -> None:
         now = time.monotonic()
         if self.version is not None and now - self._checked_at >= self.check_every_s:
             self._checked_at = now
@@ -467,10 +487,14 @@ class PserverShard:
                 self.etcd.delete_prefix(entry.key)
 
     def _control(self) -> None:
-        """A checkpoint requested through `control/checkpoint` ({"id": ...}), taken once."""
-        entry = self.etcd.get(self.keys.control("checkpoint"))
-        if entry is None:
+        """Requests through etcd: `control/checkpoint` ({"id": ...}, taken once) and
+        `control/rollback` ({"to": ..., "phase": "shards"}, done once)."""
+        checkpoint, rollback = self.etcd.ranges([self.keys.control("checkpoint"), self.keys.control("rollback")])
+        if rollback:
+            self._roll_back(rollback[0].value)
+        if not checkpoint:
             return
+        entry = checkpoint[0]
         try:
             wanted = json.loads(entry.value)["id"]
             key = self.keys.checkpoint_shard(wanted, self.index)
@@ -481,6 +505,35 @@ class PserverShard:
         # Taken once: not again after this shard pruned it (ids sort by time) or restarted.
         if wanted in self._requests_done or (kept and wanted < kept[0]) or self.etcd.get(key) is not None:
             return
+        # Include everything committed before the request: with trainers paused and no task
+        # pending (a quiescent checkpoint), that is every gradient of every finished task.
+        end = self._stable_end()
+        while self.next_offset < end:
+            self._consume(1000, 0.2)
         self.checkpoint(wanted)
         self._requests_done.add(wanted)
+
+    def _roll_back(self, request: bytes) -> None:
+        """Load checkpoint `to` and skip the gradients committed since (the tasks they came
+        from are requeued by the master and trained again), then republish: rows this shard
+        created after the checkpoint are deleted from Redis, the rest overwritten."""
+        doc = json.loads(request)
+        if doc.get("phase") != "shards":
+            return
+        to, ack = doc["to"], self.keys.checkpoint_rolled_back(doc["to"], self.index)
+        if self.etcd.get(ack) is not None:
+            return
+        restored = self.store.load(to, self.state.rule)
+        end = self._stable_end()
+        with self.publishing.round_lock, self.lock:
+            self.publishing.unpublish_missing(self.state, restored.state)
+            self.state = self.publishing.state = restored.state
+            self.publishing.republish()
+        self.barrier = StepBarrier(sync=self.barrier.sync)
+        self.next_offset = end
+        self.consumer.assign([TopicPartition(self.grad_topic, 0, end)])
+        self.checkpoint_id = to
+        self.etcd.put(ack, json.dumps({"shard": self.index, "grad_offset": end, "at": time.time()}).encode())
+        log.warning("shard %d: rolled back to checkpoint %s; gradients before offset %d skipped",
+                    self.index, to, end)
 

@@ -10,9 +10,9 @@ import numpy as np
 from ._check import U32_MAX, U64_MAX, Check
 
 TaskState = Literal["todo", "pending", "done", "failed"]
-Control = Literal["pause", "refetch", "checkpoint"]
+Control = Literal["pause", "refetch", "checkpoint", "rollback"]
 TASK_STATES: tuple[TaskState, ...] = ("todo", "pending", "done", "failed")
-CONTROLS: tuple[Control, ...] = ("pause", "refetch", "checkpoint")
+CONTROLS: tuple[Control, ...] = ("pause", "refetch", "checkpoint", "rollback")
 
 _job_check = Check("Job")
 _etcd_check = Check("EtcdKeys")
@@ -86,6 +86,10 @@ class EtcdKeys:
         partition = _etcd_check.integer("cursor.partition", partition, hi=2**31 - 1)
         return f"{self.cursors_prefix}{topic}/{partition}"
 
+    @property
+    def tasks_prefix(self) -> str:
+        return f"{self.prefix}tasks/"
+
     def tasks(self, state: TaskState) -> str:
         if state not in TASK_STATES:
             raise _etcd_check.error("tasks.state", f"{state!r} is not one of {TASK_STATES}")
@@ -109,6 +113,14 @@ class EtcdKeys:
     def checkpoint(self, checkpoint_id: str) -> str:
         """The prefix under which one checkpoint's per-shard entries live."""
         return f"{self.prefix}checkpoints/{_etcd_check.checkpoint_id('checkpoint_id', checkpoint_id)}/"
+
+    def checkpoint_job(self, checkpoint_id: str) -> str:
+        """The job's side of a quiescent checkpoint: cursors and task queues as they were."""
+        return f"{self.checkpoint(checkpoint_id)}job"
+
+    def checkpoint_rolled_back(self, checkpoint_id: str, shard: int) -> str:
+        """A shard's acknowledgement that it rolled back to the checkpoint."""
+        return f"{self.checkpoint(checkpoint_id)}rolled/{_etcd_check.integer('shard', shard, hi=U32_MAX)}"
 
     def checkpoint_shard(self, checkpoint_id: str, shard: int) -> str:
         return f"{self.checkpoint(checkpoint_id)}{_etcd_check.integer('shard', shard, hi=U32_MAX)}"

@@ -1,16 +1,21 @@
-"""`streamtrain checkpoint`: a job-wide checkpoint on request.
+"""`streamtrain checkpoint` and `streamtrain rollback --to`: job-wide, quiescent checkpoints.
 
-1. A new id (`pserver.checkpoint.new_checkpoint_id()`) goes to `control/checkpoint` as
-   `{"id": id}`; every pserver shard polls that key (once a second) and, seeing an id it has not
-   taken, publishes, checkpoints under that id and registers `checkpoints/<id>/<index>`.
-2. Once every shard `0 .. ps_desired-1` has registered, `checkpoints/latest` becomes
-   `{"id": id, "shards": n, "at": unix time}`: the checkpoint a rollback would name.
-3. Either way the request is withdrawn afterwards (`control/checkpoint` deleted if it still holds
-   this id), so a shard that starts later, or that prunes the checkpoint, does not take it again.
+A checkpoint a rollback can return to must say exactly which examples its parameters hold.
+So it is taken at a quiet moment:
 
-A shard that does not answer within `wait_s` makes the whole checkpoint incomplete: `latest`
-is left as it was and `CheckpointTimeout` names the shards (and whether each one is even a live
-member of the job).
+1. `control/pause`: trainers finish the task in hand and claim no other. Once no task is
+   pending, every gradient of every finished task is committed.
+2. A new id goes to `control/checkpoint`; each shard consumes its gradient topic up to the
+   stable end, checkpoints under that id and registers `checkpoints/<id>/<index>`.
+3. The job's side, `checkpoints/<id>/job`: the cursors, task queues and job state, read at one
+   etcd revision. Then `checkpoints/latest`, and the pause is lifted.
+
+Rollback to such a checkpoint pauses the same way, then `control/rollback` goes through two
+phases: the master puts cursors and queues back as recorded ("master"), then every shard
+loads its checkpoint, skips the gradients committed since and republishes ("shards", each
+acknowledging at `checkpoints/<id>/rolled/<index>`). The tasks trained after the checkpoint
+are in todo again, and the dedup ledgers in the shards' checkpoints do not know them, so they
+are trained and applied once more: exactly what came after the checkpoint is replayed.
 """
 
 from __future__ import annotations
@@ -55,13 +60,50 @@ def shard_count(etcd: Etcd, job: str) -> int:
     return int(entry.value)
 
 
-def request_checkpoint(etcd: Etcd, job: str, wait_s: float = 60.0, poll_s: float = 0.2) -> Checkpoint:
+class Paused:
+    """`control/pause` for the duration, then no task pending; lifted on exit unless it was
+    already set by someone else."""
+
+    def __init__(self, etcd: Etcd, job: str, wait_s: float, why: str) -> None:
+        self.etcd, self.keys, self.wait_s, self.why = etcd, EtcdKeys(job), wait_s, why
+        self.job = job
+        self.resume = True
+
+    def __enter__(self) -> Paused:
+        key = self.keys.control("pause")
+        self._ours = self.etcd.get(key) is None
+        if self._ours:
+            self.etcd.put(key, json.dumps({"by": self.why, "at": time.time()}).encode())
+        deadline = time.monotonic() + self.wait_s
+        while self.etcd.count(self.keys.tasks("pending")):
+            if time.monotonic() >= deadline:
+                self.__exit__(None, None, None)
+                raise CheckpointError(f"job {self.job!r}: tasks still pending {self.wait_s:g} s after pausing")
+            time.sleep(0.2)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._ours and self.resume:
+            self.etcd.delete_prefix(self.keys.control("pause"))
+
+
+def request_checkpoint(etcd: Etcd, job: str, wait_s: float = 60.0, poll_s: float = 0.2,
+                       quiesce: bool = True) -> Checkpoint:
     """Ask every shard of `job` for a checkpoint and record it as the latest once all have it.
+    With `quiesce` (the default) trainers are paused around it and the job's cursors and queues
+    are recorded, so `rollback` can return to it.
 
     Raises:
-        CheckpointError: the job has no shards.
+        CheckpointError: the job has no shards, or tasks stayed pending.
         CheckpointTimeout: some shards did not register within `wait_s`.
     """
+    if not quiesce:
+        return _request(etcd, job, wait_s, poll_s)
+    with Paused(etcd, job, wait_s, "checkpoint"):
+        return _request(etcd, job, wait_s, poll_s, record_job=True)
+
+
+def _request(etcd: Etcd, job: str, wait_s: float, poll_s: float, record_job: bool = False) -> Checkpoint:
     from master.membership import members
     from pserver.checkpoint import new_checkpoint_id
 
@@ -85,7 +127,58 @@ def request_checkpoint(etcd: Etcd, job: str, wait_s: float = 60.0, poll_s: float
             live = members(etcd, job).pservers
             raise CheckpointTimeout(job, checkpoint_id, missing, [i for i in missing if i not in live], wait_s)
         at = time.time()
+        if record_job:
+            etcd.put(keys.checkpoint_job(checkpoint_id), _job_side(etcd, keys))
         etcd.put(keys.checkpoints_latest, json.dumps({"id": checkpoint_id, "shards": n, "at": at}).encode())
         return Checkpoint(checkpoint_id, n, at, time.monotonic() - started)
     finally:
         etcd.txn([value_is(keys.control("checkpoint"), request)], [delete_op(keys.control("checkpoint"))])
+
+
+def _job_side(etcd: Etcd, keys: EtcdKeys) -> bytes:
+    cursors, todo, done, failed, state = etcd.ranges([
+        keys.cursors_prefix, keys.tasks("todo"), keys.tasks("done"), keys.tasks("failed"), keys.state])
+    return json.dumps({
+        "v": 1, "cursors": [json.loads(e.value) for e in cursors],
+        "todo": [json.loads(e.value) for e in todo], "done": [json.loads(e.value) for e in done],
+        "failed": [json.loads(e.value) for e in failed],
+        "state": json.loads(state[0].value) if state else None,
+    }).encode()
+
+
+class RollbackError(CheckpointError):
+    """The rollback cannot start (unknown or incomplete checkpoint) or did not finish in time."""
+
+
+def rollback(etcd: Etcd, job: str, checkpoint_id: str, wait_s: float = 120.0, resume: bool = True) -> None:
+    """Return the whole job to a quiescent checkpoint (see the module docstring). With
+    `resume=False` trainers stay paused afterwards (to inspect the parameters first)."""
+    keys = EtcdKeys(job)
+    n = shard_count(etcd, job)
+    if etcd.get(keys.checkpoint_job(checkpoint_id)) is None:
+        raise RollbackError(f"job {job!r}: {checkpoint_id} is not a quiescent checkpoint of this job "
+                            "(no checkpoints/<id>/job; take one with `streamtrain checkpoint`)")
+    missing = [i for i in range(n) if etcd.get(keys.checkpoint_shard(checkpoint_id, i)) is None]
+    if missing:
+        raise RollbackError(f"job {job!r}: shard(s) {missing} no longer keep checkpoint {checkpoint_id}")
+    with Paused(etcd, job, wait_s, "rollback") as paused:
+        paused.resume = resume
+        control = keys.control("rollback")
+        etcd.put(control, json.dumps({"to": checkpoint_id, "phase": "master", "at": time.time()}).encode())
+        deadline = time.monotonic() + wait_s
+        while True:
+            entry = etcd.get(control)
+            phase = json.loads(entry.value).get("phase") if entry else None
+            acked = [i for i in range(n) if etcd.get(keys.checkpoint_rolled_back(checkpoint_id, i))]
+            if phase == "shards" and len(acked) == n:
+                break
+            if time.monotonic() >= deadline:
+                # Half done is worse than late: the request and the pause stay, and the master and
+                # shards finish it when they are back (running rollback again also resumes it).
+                paused.resume = False
+                raise RollbackError(f"job {job!r}: rollback to {checkpoint_id} not finished after {wait_s:g} s "
+                                    f"(phase {phase!r}, shards done: {acked} of {n}); trainers stay paused "
+                                    "until it finishes")
+            time.sleep(0.2)
+        etcd.delete_prefix(control)
+        etcd.delete_prefix(keys.checkpoint(checkpoint_id) + "rolled/")

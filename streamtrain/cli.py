@@ -390,6 +390,36 @@ def checkpoint_cmd(
     print(json.dumps(done.as_dict()) if as_json else done.id)
 
 
+@app.command("rollback")
+def rollback_cmd(
+    job: JobOpt,
+    to: Annotated[str, typer.Option("--to", help="Checkpoint id (from `streamtrain checkpoint`), or 'latest'.")],
+    wait_s: Annotated[float, typer.Option("--wait-s", help="How long the master and shards have.")] = 120.0,
+    paused: Annotated[bool, typer.Option("--stay-paused", help="Leave trainers paused afterwards.")] = False,
+) -> None:
+    """Return the whole job to a checkpoint: shards load it and skip the gradients since, the
+    master requeues the tasks trained since, trainers train them again."""
+    from master.etcd import Etcd
+    from schemas import EtcdKeys
+    from streamtrain.checkpoints import CheckpointError, rollback
+
+    name = _job_name(job)
+    etcd = Etcd.connect(Endpoints.resolve())
+    try:
+        if to == "latest":
+            latest = etcd.get(EtcdKeys(name).checkpoints_latest)
+            if latest is None:
+                raise CheckpointError(f"job {name!r} has no checkpoints/latest")
+            to = json.loads(latest.value)["id"]
+        rollback(etcd, name, to, wait_s, resume=not paused)
+    except CheckpointError as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False)
+        raise typer.Exit(1) from exc
+    finally:
+        etcd.close()
+    print(to)
+
+
 @job_app.command("run")
 def job_run_cmd(
     job: Annotated[Path, typer.Option("--job", help="Job file (TOML).")],

@@ -149,6 +149,9 @@ class Trainer:
                 log.warning("trainer %s: membership lease lost (frozen?); registering again", self.trainer_id)
                 self.lease = register_trainer(self.etcd, self.config.name, self.trainer_id, self.lease_ttl_s)
             if task is None:
+                if self._paused():
+                    stop.wait(0.5)
+                    continue
                 task = self.tasks.claim()
                 if task is None:
                     stop.wait(0.2)
@@ -157,7 +160,7 @@ class Trainer:
             try:
                 metrics = self.train_task(task, stop)
                 done += 1
-                more = not stop.is_set() and (max_tasks is None or done < max_tasks)
+                more = not stop.is_set() and (max_tasks is None or done < max_tasks) and not self._paused()
                 task = self.tasks.complete(self._task, claim_next=more)
                 self.stats.tasks += 1
                 self.obs.task_ended("done")
@@ -186,6 +189,11 @@ class Trainer:
                 task = None
         if task is not None:  # claimed with the last completion, then told to stop
             self._quietly(lambda t=task: self.tasks.release(t))
+
+    def _paused(self) -> bool:
+        """`control/pause` set (a quiescent checkpoint, a rollback): finish the task in hand,
+        claim no other."""
+        return self.etcd.get(EtcdKeys(self.config.name).control("pause")) is not None
 
     @staticmethod
     def _quietly(call) -> None:

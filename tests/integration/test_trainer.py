@@ -75,7 +75,7 @@ def write_examples(services: Endpoints, topic: str, values: list[bytes], partiti
 
 
 def make_job(name: str, topic: str, tmp_path: Path, **train):
-    return job_config(name, topic, input={"passes": 1},
+    return job_config(name, topic, input={"passes": train.pop("passes", 1)},
                       tasks={"max_records": train.pop("max_records", 2000), "timeout_s": train.pop("timeout_s", 30)},
                       model={"sparse_fields": list(MODEL.fields), "dense_features": MODEL.dense_features,
                              "batch_size": train.pop("batch_size", 256)},
