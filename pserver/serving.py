@@ -54,6 +54,10 @@ class Publisher:
         self._keys = RedisKeys(job)
         self.shard = shard
 
+    @property
+    def client(self) -> redis.Redis:
+        return self._redis
+
     def snapshot(self, state: ShardState, changes: Changes) -> Snapshot:
         rows = []
         for table, ids in changes.rows.items():

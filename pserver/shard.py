@@ -115,6 +115,7 @@ class BackgroundPublisher:
         self.error: BaseException | None = None
         self._pending = _Pending()
         self._everything = True
+        self._note: tuple[str, str] | None = None
         self._checked_at = time.monotonic()
         self._stop = threading.Event()
         # Held for a whole round, so no send of an older snapshot is in flight while someone
@@ -125,6 +126,10 @@ class BackgroundPublisher:
     def add(self, changes: Changes) -> None:
         """Called with the state lock held, right after the apply that made `changes`."""
         self._pending.add(changes)
+
+    def note(self, key: str, value: str) -> None:
+        """A value to SET after the next round's send (with the state lock held)."""
+        self._note = (key, value)
 
     def republish(self) -> None:
         """Everything, next round (with the state lock held)."""
@@ -176,9 +181,12 @@ class BackgroundPublisher:
             changes = Publisher.everything(self.state) if everything else self._pending.take()
             if everything:
                 self._pending, self._everything = _Pending(), False
-            if changes is None:
-                return
-            snapshot = self.publisher.snapshot(self.state, changes)
+            note, self._note = self._note, None
+            snapshot = None if changes is None else self.publisher.snapshot(self.state, changes)
+        if snapshot is None:
+            if note is not None:
+                self.publisher.client.set(*note)
+            return
         began = time.perf_counter()
         version = self.publisher.send(snapshot)
         if self.publish_seconds is not None:
@@ -190,6 +198,8 @@ class BackgroundPublisher:
         elif self.version is not None and version != self.version + 1:
             self._everything = True  # the version restarted: Redis lost its data around this write
         self.version = version
+        if note is not None:
+            self.publisher.client.set(*note)
 
 
 class PserverShard:
@@ -377,6 +387,16 @@ class PserverShard:
             return
         for ready in self.barrier.offer(delta, msg.offset()):
             self._apply_delta(ready)
+        if self.config.train.sgd != "async":
+            self._note_steps()
+
+    def _note_steps(self) -> None:
+        """Hand the barrier's position to the publisher: it is written to Redis after the
+        round that publishes the steps' changes, so a trainer that sees its step released
+        pulls parameters that include it."""
+        note = json.dumps({"next": self.barrier.next_step, "trainers": self.barrier.steps()})
+        with self.lock:
+            self.publishing.note(self.redis_keys.steps(self.index), note)
 
     def _apply_delta(self, delta: GradientDelta) -> None:
         try:
@@ -401,8 +421,7 @@ class PserverShard:
                              for e in self.etcd.range(self.keys.trainers_prefix, keys_only=True)}
         for ready in self.barrier.release():
             self._apply_delta(ready)
-        self.redis.set(self.redis_keys.steps(self.index), json.dumps(
-            {"next": self.barrier.next_step, "trainers": self.barrier.steps()}))
+        self._note_steps()
 
     def _dead_letter(self, msg: Message, reason: str) -> None:
         self.counters.bad += 1
