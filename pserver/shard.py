@@ -549,6 +549,7 @@ class PserverShard:
             self.state = self.publishing.state = restored.state
             self.publishing.republish()
         self.barrier = StepBarrier(sync=self.barrier.sync)
+        self._fold = None  # watermarks read before the rollback would drop the replayed tasks
         self.next_offset = end
         self.consumer.assign([TopicPartition(self.grad_topic, 0, end)])
         self.checkpoint_id = to
