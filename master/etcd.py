@@ -43,6 +43,12 @@ def _translated(what: str) -> Iterator[None]:
         yield
     except (etcd_exc.Etcd3Exception, grpc.RpcError) as exc:
         raise CoordinationError(f"etcd {what} failed: {exc!r}") from exc
+    except ValueError as exc:
+        # pyetcd marks its endpoint failed for a while after a timeout (a process frozen past
+        # a call's deadline, etcd restarting) and says so with a bare ValueError.
+        if "failed node" not in str(exc):
+            raise
+        raise CoordinationError(f"etcd {what} failed: endpoint marked failed after an error") from exc
 
 
 class Etcd:

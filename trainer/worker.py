@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from infra import Endpoints
 from infra.clients import TopicSpec, ensure_topics, redis_client
 from master.config import JobConfig
-from master.errors import MasterError, TaskLostError
+from master.errors import CoordinationError, MasterError, TaskLostError
 from master.etcd import Etcd
 from master.membership import register_trainer, wait_for_job_config
 from master.tasks import ClaimedTask, TaskClient
@@ -145,14 +145,13 @@ class Trainer:
         task: ClaimedTask | None = None
         done = 0
         while not stop.is_set() and (max_tasks is None or done < max_tasks):
-            if self.lease.lost.is_set():
-                log.warning("trainer %s: membership lease lost (frozen?); registering again", self.trainer_id)
-                self.lease = register_trainer(self.etcd, self.config.name, self.trainer_id, self.lease_ttl_s)
             if task is None:
-                if self._paused():
-                    stop.wait(0.5)
+                try:
+                    task = self._next_task()
+                except CoordinationError as exc:
+                    log.warning("trainer %s: %s; retrying", self.trainer_id, exc)
+                    stop.wait(1.0)
                     continue
-                task = self.tasks.claim()
                 if task is None:
                     stop.wait(0.2)
                     continue
@@ -180,6 +179,14 @@ class Trainer:
                 self.stats.lost_tasks += 1
                 self.obs.task_ended("lost")
                 task = None
+            except CoordinationError as exc:
+                # etcd unreachable for a moment (or this process was frozen past a call's
+                # deadline): drop the task; it times out and is requeued if it was still ours.
+                log.warning("trainer %s: %s; dropping the task in hand", self.trainer_id, exc)
+                self.delivery.discard()
+                self.stats.lost_tasks += 1
+                task = None
+                stop.wait(1.0)
             except (RangeReadError, DeliveryError) as exc:
                 log.warning("trainer %s: task %s failed: %s", self.trainer_id, task.task_id, exc)
                 self.delivery.discard()
@@ -189,6 +196,12 @@ class Trainer:
                 task = None
         if task is not None:  # claimed with the last completion, then told to stop
             self._quietly(lambda t=task: self.tasks.release(t))
+
+    def _next_task(self) -> ClaimedTask | None:
+        if self.lease.lost.is_set():
+            log.warning("trainer %s: membership lease lost (frozen?); registering again", self.trainer_id)
+            self.lease = register_trainer(self.etcd, self.config.name, self.trainer_id, self.lease_ttl_s)
+        return None if self._paused() else self.tasks.claim()
 
     def _paused(self) -> bool:
         """`control/pause` set (a quiescent checkpoint, a rollback): finish the task in hand,
