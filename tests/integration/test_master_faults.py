@@ -178,8 +178,10 @@ def test_task_keys_stay_bounded_after_100k_tasks(services, topic_factory, unique
     completed = [r for loop in loops for r in loop.trainer.completed]
     assert len(completed) == total
     assert_exact_cover(completed, {(topic, 0): total // 2, (topic, 1): total // 2})
-    # todo is capped by max_todo, pending by the trainers, done by folding: never the history.
-    assert peak <= 2 * config.tasks.max_todo + 50, peak
+    # todo is capped by max_todo, pending by the trainers, done by folding: never the history
+    # (100,000 here). Done tasks pile up for one master step between folds, up to a couple of
+    # hundred with four fast trainers on a loaded 2-core box (measured 425-491), hence 3x.
+    assert peak <= 3 * config.tasks.max_todo, peak
     final = etcd.count(keys.prefix)
     assert final <= 10, [e.key for e in etcd.range(keys.prefix)]
     print(f"{total} tasks in {elapsed:.1f} s ({total / elapsed:.0f} cycles/s); peak keys {peak}, final {final}")
