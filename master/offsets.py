@@ -60,10 +60,21 @@ class InputOffsets:
         starts = self._query(parts, OffsetSpec.earliest()) if earliest else dict.fromkeys(parts, 0)
         return {p: Bounds(starts[p], ends[p]) for p in parts}
 
-    def _query(self, parts: list[Partition], spec: OffsetSpec) -> dict[Partition, int]:
+    def log_ends(self, partitions: Iterable[Partition]) -> dict[Partition, int]:
+        """The offset after the last record written, committed or not (the high watermark).
+
+        A reader that must have seen everything *committed* before some moment waits for this,
+        not for the stable end: a transaction left open by a dead producer holds the stable end
+        below records that other producers committed after it.
+        """
+        parts = list(partitions)
+        return self._query(parts, OffsetSpec.latest(), IsolationLevel.READ_UNCOMMITTED) if parts else {}
+
+    def _query(self, parts: list[Partition], spec: OffsetSpec,
+               isolation: IsolationLevel = IsolationLevel.READ_COMMITTED) -> dict[Partition, int]:
         request = {TopicPartition(t, p): spec for t, p in parts}
         try:
-            futures = self._admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED,
+            futures = self._admin.list_offsets(request, isolation_level=isolation,
                                                request_timeout=self._timeout)
             return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
         except KafkaException as exc:

@@ -10,7 +10,8 @@ task was requeued, repeats seqs already applied and is dropped.
 Why memory stays bounded: once the master's watermark for a partition has passed a task, the
 task is complete and no delta of it can be new. The shard folds the per-task entries below the
 watermark away, but only after it has consumed everything that was committed when it read the
-watermark (a trainer commits its last delta before it completes the task, so that is enough:
+watermark — up to the log end, not the stable end, which a dead trainer's open transaction holds back
+(a trainer commits its last delta before it completes the task, so that is enough:
 folding earlier could drop a delta still in flight).
 """
 

@@ -307,9 +307,19 @@ class PserverShard:
     def _bounds(self, earliest: bool = True, attempts: int = 30):
         """The gradient partition's offsets; retried, since a topic just created has no
         leader for a moment."""
+        return self._retried(lambda: self.admin.bounds([(self.grad_topic, 0)], earliest)[(self.grad_topic, 0)],
+                             attempts)
+
+    def _log_end(self) -> int:
+        """Past every delta written so far. Consuming up to it (read_committed) means every
+        delta committed before the call was seen, even behind a transaction a killed trainer
+        left open: the stable end stops at that transaction until the broker aborts it."""
+        return self._retried(lambda: self.admin.log_ends([(self.grad_topic, 0)])[(self.grad_topic, 0)])
+
+    def _retried(self, query, attempts: int = 30):
         for attempt in range(attempts):
             try:
-                return self.admin.bounds([(self.grad_topic, 0)], earliest)[(self.grad_topic, 0)]
+                return query()
             except InputUnavailableError as exc:
                 if attempt == attempts - 1:
                     raise
@@ -461,7 +471,7 @@ class PserverShard:
 
     # -- dedup folding -------------------------------------------------------------------
     def _fold_dedup(self) -> None:
-        """Two steps, never in one call: read the master's watermarks, then the topic's stable
+        """Two steps, never in one call: read the master's watermarks, then the topic's log
         end; fold only once consumption has passed that end, so no delta committed before the
         watermark was read can still be in flight."""
         if self._fold is not None and self.next_offset >= self._fold[1]:
@@ -473,7 +483,7 @@ class PserverShard:
                 cursor = PartitionCursor.from_json(entry.value)
                 watermarks[(cursor.topic, cursor.partition)] = (cursor.pass_no, cursor.trained)
             if watermarks:
-                self._fold = (watermarks, self._stable_end())
+                self._fold = (watermarks, self._log_end())
 
     # -- checkpoints ---------------------------------------------------------------------
     def checkpoint(self, checkpoint_id: str | None = None) -> str:
@@ -526,7 +536,7 @@ class PserverShard:
             return
         # Include everything committed before the request: with trainers paused and no task
         # pending (a quiescent checkpoint), that is every gradient of every finished task.
-        end = self._stable_end()
+        end = self._log_end()
         while self.next_offset < end:
             self._consume(1000, 0.2)
         self.checkpoint(wanted)
@@ -543,7 +553,7 @@ class PserverShard:
         if self.etcd.get(ack) is not None:
             return
         restored = self.store.load(to, self.state.rule)
-        end = self._stable_end()
+        end = self._log_end()  # every gradient written before the request is from before
         with self.publishing.round_lock, self.lock:
             self.publishing.unpublish_missing(self.state, restored.state)
             self.state = self.publishing.state = restored.state

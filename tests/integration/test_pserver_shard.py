@@ -19,7 +19,8 @@ from pserver.serving import ParamClient, ParamsUnavailableError
 from pserver.shard import PserverShard, ShardOptions
 from pserver.sharding import SlotMap
 from pserver.state import ShardState
-from schemas import DeadLetter, DenseSlice, EtcdKeys, GradientDelta, RedisKeys, SparseRows, TaskRecord, Topics
+from schemas import (DeadLetter, DenseSlice, EtcdKeys, GradientDelta, PartitionCursor, RedisKeys, SparseRows,
+                     TaskRecord, Topics)
 from conftest import StreamtrainProcess, job_config, publish_job, wait_for
 
 pytestmark = pytest.mark.services
@@ -216,6 +217,44 @@ def test_a_rerun_committed_after_a_checkpoint_and_a_restart_is_applied_once(serv
         assert s["checkpoint"] == "manual-1"
         assert s["dropped"] == 3 and s["deltas"] == 1  # counters since restart: only `later`
         ref = reference(first + rerun + later).tables[TABLE]
+        rows, _ = params(redis_conn, job)
+        np.testing.assert_allclose(rows[ref.ids[:ref.size].astype(np.int64)], ref.values[:ref.size], atol=1e-6)
+        shard.close()
+    finally:
+        coord.close()
+
+
+def test_a_task_redone_behind_a_dead_trainers_open_transaction_is_not_folded_away(
+        services, redis_conn, unique, tmp_path) -> None:
+    """A killed trainer leaves its transaction open: the stable end stops there until the broker
+    aborts it, while the rescuer's commits of the same task lie beyond it and the master already
+    counts the task trained. Folding the dedup ledger at that watermark before reading past the
+    open transaction would drop every rescued delta as a duplicate: lost training."""
+    job = unique("psopen")
+    topic = Topics(job).grad(0)
+    coord = Etcd.connect(services)
+    try:
+        publish_job(coord, make_config(job, tmp_path / "ckpt"))
+        ensure_topics(services, [TopicSpec(topic)])
+        shard = ShardThread(services, ShardOptions(job, 0, lease_ttl_s=2, fold_interval_s=0.1))
+        wait_for(lambda: caught_up(services, redis_conn, job), 30, "shard serving")
+        victim = Producer({"bootstrap.servers": services.kafka, "transactional.id": f"victim-{job}"})
+        victim.init_transactions(30)
+        victim.begin_transaction()
+        victim.produce(topic, delta(1, 0, seed=1).to_bytes(), partition=0)
+        victim.flush(10)  # on the broker, never committed
+        rescued = [delta(1, g, seed=10 + g).to_bytes() for g in range(3)]
+        TxnWriter(services, topic).write(rescued)
+        cursor = PartitionCursor("input", 0, next=200, trained=200, origin=0)
+        coord.put(EtcdKeys(job).cursor("input", 0), cursor.to_json())
+        time.sleep(2)  # many fold intervals with the victim's transaction open
+        victim.abort_transaction(30)
+        wait_for(lambda: caught_up(services, redis_conn, job), 30, "rescued deltas consumed")
+        wait_for(lambda: stats(redis_conn, job).get("dedup_entries") == 0, 30, "the task folded")
+        s = stats(redis_conn, job)
+        assert s["examples_by_partition"] == {"input:0": 30}, s
+        assert s["dropped"] == 0, s
+        ref = reference(rescued).tables[TABLE]
         rows, _ = params(redis_conn, job)
         np.testing.assert_allclose(rows[ref.ids[:ref.size].astype(np.int64)], ref.values[:ref.size], atol=1e-6)
         shard.close()
