@@ -1,15 +1,18 @@
-"""Examples → the tensors of a mini-batch: hashed sparse ids in bags per (example, field),
-dense features, labels.
+"""Decoded examples → the tensors of a mini-batch: hashed sparse ids in bags per (example,
+field), dense features, labels.
 
 A sparse id is hashed with its field's name into `hash_buckets` rows (the same id in two
 fields is two features), with the same splitmix64 as the shard map, so the hash is stable
-across processes and restarts. Everything is numpy over the whole batch.
+across processes and restarts. Everything is numpy over many examples at once: decoders hand
+over `Columns` of a whole chunk of records, the featurizer hashes them in one pass, and the
+trainer cuts mini-batches out of the result by slicing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
@@ -17,21 +20,70 @@ from pserver.sharding import mix64, name_salt
 from schemas import Example
 
 
-class FeatureError(ValueError):
-    """An example that does not fit the job's declared features (dead-lettered)."""
+@dataclass(frozen=True)
+class Columns:
+    """Examples column-wise, holding only what the job trains on (its sparse fields in the
+    job's order and its dense width)."""
+
+    sparse: tuple[tuple[np.ndarray, np.ndarray], ...]  # per field: (ids uint64, ids per example int64)
+    dense: np.ndarray  # (n, dense_features) float32
+    labels: np.ndarray  # (n,) float32
+    event_time_ms: np.ndarray  # (n,) int64
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @classmethod
+    def gather(cls, examples: Sequence, fields: Sequence[str], dense_features: int) -> Columns:
+        """From objects with `sparse` (a mapping of field to ids), `dense`, `label` and
+        `event_time_ms`, whose dense width is already checked.
+
+        Raises:
+            OverflowError: an id does not fit 64 bits (checked here, in C, not per id).
+        """
+        n = len(examples)
+        sparse = []
+        for name in fields:
+            lists = [e.sparse.get(name, ()) for e in examples]
+            counts = np.fromiter(map(len, lists), dtype=np.int64, count=n)
+            ids = np.fromiter(chain.from_iterable(lists), dtype=np.uint64, count=int(counts.sum()))
+            sparse.append((ids, counts))
+        dense = np.array([e.dense for e in examples], dtype=np.float64).reshape(n, dense_features)
+        return cls(tuple(sparse), dense.astype(np.float32),
+                   np.fromiter((e.label for e in examples), dtype=np.float64, count=n).astype(np.float32),
+                   np.fromiter((e.event_time_ms for e in examples), dtype=np.int64, count=n))
 
 
 @dataclass(frozen=True)
 class Batch:
+    """Featurized examples. Ids are example-major (an example's ids are contiguous, fields in
+    order), so a run of examples is a slice."""
+
     ids: np.ndarray  # (n,) uint64 hashed feature ids, all fields together
     bags: np.ndarray  # (n,) int64: example * fields + field, the bag each id pools into
     dense: np.ndarray  # (B, D) float32
     labels: np.ndarray  # (B,) float32
     fields: int
+    offsets: np.ndarray  # (B + 1,) int64: example i's ids are ids[offsets[i]:offsets[i + 1]]
+    event_time_ms: np.ndarray  # (B,) int64
 
     @property
     def size(self) -> int:
         return len(self.labels)
+
+    def slice(self, start: int, stop: int) -> Batch:
+        lo, hi = int(self.offsets[start]), int(self.offsets[stop])
+        return Batch(self.ids[lo:hi], self.bags[lo:hi] - start * self.fields, self.dense[start:stop],
+                     self.labels[start:stop], self.fields, self.offsets[start:stop + 1] - lo,
+                     self.event_time_ms[start:stop])
+
+    @staticmethod
+    def concat(first: Batch, second: Batch) -> Batch:
+        return Batch(np.concatenate([first.ids, second.ids]),
+                     np.concatenate([first.bags, second.bags + first.size * first.fields]),
+                     np.concatenate([first.dense, second.dense]), np.concatenate([first.labels, second.labels]),
+                     first.fields, np.concatenate([first.offsets, second.offsets[1:] + first.offsets[-1]]),
+                     np.concatenate([first.event_time_ms, second.event_time_ms]))
 
 
 class Featurizer:
@@ -41,26 +93,26 @@ class Featurizer:
         self.buckets = np.uint64(hash_buckets)
         self._salts = np.array([name_salt(f) for f in self.fields], dtype=np.uint64)
 
-    def check(self, example: Example) -> None:
-        """Raises FeatureError if the example cannot be batched (its dense width is wrong)."""
-        if len(example.dense) != self.dense_features:
-            raise FeatureError(f"{len(example.dense)} dense features, the job declares {self.dense_features}")
-        if not 0.0 <= example.label <= 1.0:
-            raise FeatureError(f"label {example.label!r} is outside [0, 1] (a click probability)")
-
     def batch(self, examples: Sequence[Example]) -> Batch:
-        raw, field_of, example_of = [], [], []
-        for e, example in enumerate(examples):
-            for f, name in enumerate(self.fields):
-                ids = example.sparse.get(name, ())
-                raw.extend(ids)
-                field_of.extend([f] * len(ids))
-                example_of.extend([e] * len(ids))
-        field_index = np.asarray(field_of, dtype=np.int64)
-        hashed = mix64(np.asarray(raw, dtype=np.uint64) ^ self._salts[field_index]) % self.buckets
-        dense = np.asarray([e.dense for e in examples], dtype=np.float32).reshape(len(examples), self.dense_features)
-        return Batch(hashed, np.asarray(example_of, dtype=np.int64) * len(self.fields) + field_index,
-                     dense, np.asarray([e.label for e in examples], dtype=np.float32), len(self.fields))
+        return self.featurize(Columns.gather(examples, self.fields, self.dense_features))
+
+    def featurize(self, columns: Columns) -> Batch:
+        n, nf = len(columns), len(self.fields)
+        examples = np.arange(n, dtype=np.int64)
+        ids = [c[0] for c in columns.sparse]
+        example_of = [np.repeat(examples, c[1]) for c in columns.sparse]
+        field_of = [np.full(len(c[0]), f, dtype=np.int64) for f, c in enumerate(columns.sparse)]
+        raw = np.concatenate(ids) if ids else np.zeros(0, dtype=np.uint64)
+        example_of = np.concatenate(example_of) if ids else np.zeros(0, dtype=np.int64)
+        field_of = np.concatenate(field_of) if ids else np.zeros(0, dtype=np.int64)
+        # Field-major in, example-major out; stable, so fields and ids keep their order.
+        order = np.argsort(example_of, kind="stable")
+        raw, example_of, field_of = raw[order], example_of[order], field_of[order]
+        hashed = mix64(raw ^ self._salts[field_of]) % self.buckets
+        per_example = sum((c[1] for c in columns.sparse), np.zeros(n, dtype=np.int64))
+        offsets = np.concatenate([[0], np.cumsum(per_example)]).astype(np.int64)
+        return Batch(hashed, example_of * nf + field_of, columns.dense, columns.labels, nf, offsets,
+                     columns.event_time_ms)
 
 
 def pool(rows, inverse, bags, batch_size: int, fields: int):

@@ -34,9 +34,9 @@ from pserver.serving import ParamClient, ParamsUnavailableError
 from pserver.sharding import SlotMap
 from schemas import DeadLetter, EtcdKeys, Topics
 from streamtrain.observability import TrainerMetrics
-from trainer.decoders import DecodeError, make_decoder
+from trainer.decoders import ChunkDecoder
 from trainer.delivery import AtLeastOnceDelivery, DeliveryError, TransactionalDelivery
-from trainer.features import Batch, FeatureError, Featurizer, pool
+from trainer.features import Batch, Featurizer, pool
 from trainer.metrics import TaskMetrics
 from trainer.models import ModelSpec
 from trainer.params import DenseLayout, GradientBuffer, ParamSync
@@ -123,7 +123,9 @@ class Trainer:
             "cleanup.policy": "compact"})] + [TopicSpec(self.topics.grad(s)) for s in range(self.shards)])
         spec = model_spec(config)
         self.featurizer = Featurizer(spec.fields, spec.dense_features, config.model.hash_buckets)
-        self.decode = make_decoder(config.input)
+        # Records decoded together: large enough to amortise the per-chunk numpy calls.
+        self._chunk_records = max(config.model.batch_size, 2048)
+        self.decoder = ChunkDecoder(config.input, spec.fields, spec.dense_features)
         self.model = build_model(config).to(self.device)
         self.layout = DenseLayout(self.model)
         self.layout.load({})
@@ -224,24 +226,18 @@ class Trainer:
         self._heartbeat_at = time.monotonic()
         self.model.zero_grad(set_to_none=True)
         self.buffer.clear()
-        pending = []
-        batch_size = self.config.model.batch_size
+        self._carry: Batch | None = None
+        chunk = []
         for msg in self.reader.read(record.topic, record.partition, record.start, record.end):
             if stop.is_set():
                 raise _Stopped()
-            try:
-                example = self.decode(msg.value())
-                self.featurizer.check(example)
-            except (DecodeError, FeatureError) as exc:
-                self._dead_letter(msg, str(exc))
-                continue
-            pending.append(example)
-            metrics.max_event_time_ms = max(metrics.max_event_time_ms, example.event_time_ms)
-            if len(pending) == batch_size:
-                self._train_batch(self.featurizer.batch(pending))
-                pending = []
-        if pending:
-            self._train_batch(self.featurizer.batch(pending))
+            chunk.append(msg)
+            if len(chunk) == self._chunk_records:
+                self._train_records(chunk)
+                chunk = []
+        self._train_records(chunk)
+        if self._carry is not None:
+            self._train_batch(self._carry)
         if self._group_batches:
             self._push()
         self.delivery.add(self.topics.metrics, metrics.to_json(), task.task_id.encode())
@@ -249,6 +245,27 @@ class Trainer:
         self.obs.task_committed(metrics.loss_sum / metrics.examples if metrics.examples else None,
                                 metrics.auc(), metrics.max_event_time_ms, time.time())
         return metrics
+
+    def _train_records(self, msgs: list) -> None:
+        """Decode and featurize a chunk of records at once, then train its mini-batches: always
+        `batch_size` good examples in offset order (the rest waits for the next chunk), so the
+        push groups do not depend on where chunks begin."""
+        if not msgs:
+            return
+        decoded = self.decoder.decode([m.value() for m in msgs])
+        for i, reason in decoded.bad:
+            self._dead_letter(msgs[i], reason)
+        if not len(decoded.columns):
+            return
+        block = self.featurizer.featurize(decoded.columns)
+        self._metrics.max_event_time_ms = max(self._metrics.max_event_time_ms, int(block.event_time_ms.max()))
+        if self._carry is not None:
+            block = Batch.concat(self._carry, block)
+        size = self.config.model.batch_size
+        full = block.size - block.size % size
+        for start in range(0, full, size):
+            self._train_batch(block.slice(start, start + size))
+        self._carry = block.slice(full, block.size) if full < block.size else None
 
     def _dead_letter(self, msg, reason: str) -> None:
         self._metrics.bad_records += 1

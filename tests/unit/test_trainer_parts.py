@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from master.config import JobConfig
 from pserver.sharding import SlotMap
 from schemas import Example
-from trainer.decoders import DecodeError, make_decoder
-from trainer.features import FeatureError, Featurizer, pool
+from trainer.decoders import ChunkDecoder, DecodeError, make_decoder
+from trainer.features import Batch, Columns, Featurizer, pool
 from trainer.metrics import auc
 from trainer.models import DeepFM, LogisticRegression, ModelSpec, WideDeep
 from trainer.params import DenseLayout, GradientBuffer
@@ -52,11 +56,53 @@ def test_featurizer_hashes_per_field_and_bags_per_example_and_field() -> None:
     assert batch.ids.shape == (4,) and batch.bags.tolist() == [0, 1, 1, 3]
     assert batch.ids[0] != batch.ids[3]  # id 3 in "user" and in "ad" are different features
     assert (batch.ids < (1 << 20)).all()
-    with pytest.raises(FeatureError, match="dense"):
-        f.check(Example({}, (1.0,), 0.0, 0))
     rows = torch.arange(8, dtype=torch.float32).view(4, 2)
     pooled = pool(rows, torch.tensor([0, 1, 2, 3]), torch.from_numpy(batch.bags), 2, 2)
     assert pooled.shape == (2, 2, 2) and pooled[0, 1].tolist() == [6.0, 8.0]
+
+
+def test_chunk_decoder_takes_what_one_by_one_takes_and_gives_the_same_reasons() -> None:
+    good = [Example({"user": (i,), "ad": (i, i + 1), "other": (5,)}, (0.5, float(i)), float(i % 2), i)
+            for i in range(5)]
+    bad = [b'{"v":1,', None, b"\xff\xfe", b'{"v":2,"sparse":{},"dense":[0,0],"label":0,"ts":0}',
+           b'{"v":1,"sparse":{"user":[-1]},"dense":[0,0],"label":0,"ts":0}',
+           b'{"v":1,"sparse":{"user":[18446744073709551616]},"dense":[0,0],"label":0,"ts":0}',
+           b'{"v":1,"sparse":{"":[1]},"dense":[0,0],"label":0,"ts":0}',
+           b'{"v":1,"sparse":{"user":[true]},"dense":[0,0],"label":0,"ts":0}',
+           b'{"v":1,"sparse":{},"dense":[0],"label":0,"ts":0}',
+           b'{"v":1,"sparse":{},"dense":[0,1e39],"label":0,"ts":0}',
+           b'{"v":1,"sparse":{},"dense":[0,NaN],"label":0,"ts":0}',
+           b'{"v":1,"sparse":{},"dense":[0,0],"label":1.5,"ts":0}',
+           b'{"v":1,"sparse":{},"dense":[0,0],"label":0,"ts":-4}']
+    values = [e.to_json() for e in good[:2]] + bad + [e.to_json() for e in good[2:]]
+    section = config().input
+    decoder = ChunkDecoder(section, ("user", "ad"), 2)
+    decoded = decoder.decode(values)
+    assert [i for i, _ in decoded.bad] == list(range(2, 2 + len(bad)))
+    one = make_decoder(section)
+    for i, reason in decoded.bad:
+        with pytest.raises(DecodeError) as info:
+            decoder.fit(one(values[i]))
+        assert str(info.value) == reason, i
+    want = Columns.gather(good, ("user", "ad"), 2)
+    f = Featurizer(("user", "ad"), 2, 1 << 20)
+    got, expected = f.featurize(decoded.columns), f.featurize(want)
+    for name in ("ids", "bags", "dense", "labels", "offsets", "event_time_ms"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(expected, name), err_msg=name)
+
+
+def test_batches_cut_from_a_featurized_chunk_equal_batches_featurized_alone() -> None:
+    rng = np.random.default_rng(1)
+    examples = [Example({"a": tuple(rng.integers(0, 99, rng.integers(0, 4)).tolist()), "b": (int(i),)},
+                        (float(i),), 0.0, int(i)) for i in range(50)]
+    f = Featurizer(("a", "b"), 1, 1 << 16)
+    whole = f.batch(examples)
+    halves = Batch.concat(f.batch(examples[:17]), f.batch(examples[17:]))
+    for start, stop in [(0, 17), (17, 50), (5, 6), (0, 50)]:
+        for got in (whole.slice(start, stop), halves.slice(start, stop)):
+            alone = f.batch(examples[start:stop])
+            for name in ("ids", "bags", "dense", "labels", "offsets", "event_time_ms"):
+                np.testing.assert_array_equal(getattr(got, name), getattr(alone, name), err_msg=name)
 
 
 def test_auc_matches_the_pairwise_definition_with_ties() -> None:
@@ -91,3 +137,47 @@ def test_built_in_models_give_one_logit_per_example(cls) -> None:
     model = cls(spec)
     pooled = {name: torch.randn(5, 3, dim) for name, dim in model.tables.items()}
     assert model(pooled, torch.randn(5, 2)).shape == (5,)
+
+
+def _mostly(valid, invalid):
+    """Valid four times in five: a document is refused for one reason at a time."""
+    return st.one_of(valid, valid, valid, valid, invalid)
+
+
+_ids = _mostly(st.lists(st.integers(0, 2**64 - 1), max_size=3),
+               st.lists(st.one_of(st.integers(-5, 2**65), st.booleans(), st.floats()), min_size=1, max_size=3))
+_docs = st.fixed_dictionaries({
+    "v": _mostly(st.just(1), st.sampled_from([2, 1.0, True, "1"])),
+    "sparse": _mostly(st.dictionaries(st.sampled_from(["user", "ad", "other"]), _ids, max_size=3),
+                      st.one_of(st.dictionaries(st.sampled_from(["", "x" * 256, "é" * 130]), _ids, min_size=1),
+                                st.just([]))),
+    "dense": _mostly(st.lists(st.floats(-1e6, 1e6), min_size=2, max_size=2),
+                     st.lists(st.one_of(st.floats(width=64), st.integers(-2**70, 2**70), st.just(3.5e38)),
+                              max_size=3)),
+    "label": _mostly(st.floats(0, 1), st.sampled_from([-0.5, 1.5, True, None, float("nan"), 2**1100])),
+    "ts": _mostly(st.integers(0, 2**63 - 1), st.sampled_from([-3, 2**63, 1.5])),
+    "extra": st.integers(),
+}).flatmap(lambda d: _mostly(st.just(set()), st.sets(st.sampled_from(sorted(d)), min_size=1, max_size=1)).map(
+    lambda drop: {k: v for k, v in d.items() if k not in drop}))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_docs, min_size=1, max_size=8))
+def test_chunk_decoder_verdicts_equal_one_by_one_verdicts(docs) -> None:
+    values = [json.dumps(d).encode() for d in docs]
+    decoder = ChunkDecoder(config().input, ("user", "ad"), 2)
+    one = make_decoder(config().input)
+    accepted, reasons = [], {}
+    for i, value in enumerate(values):
+        try:
+            accepted.append(decoder.fit(one(value)))
+        except DecodeError as exc:
+            reasons[i] = str(exc)
+    decoded = decoder.decode(values)
+    assert dict(decoded.bad) == reasons
+    want = Columns.gather(accepted, ("user", "ad"), 2)
+    for (ids, counts), (want_ids, want_counts) in zip(decoded.columns.sparse, want.sparse):
+        np.testing.assert_array_equal(ids, want_ids)
+        np.testing.assert_array_equal(counts, want_counts)
+    for name in ("dense", "labels", "event_time_ms"):
+        np.testing.assert_array_equal(getattr(decoded.columns, name), getattr(want, name), err_msg=name)
