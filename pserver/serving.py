@@ -11,7 +11,7 @@ retry rather than handed initial values.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -142,32 +142,44 @@ class ParamClient:
         Raises:
             ParamsUnavailableError: an owning shard has no version in Redis.
         """
-        ids = np.asarray(ids, dtype=np.uint64)
-        shards = sorted(set(self.slot_map.shard_of_rows(table, ids).tolist()))
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.mget([self._keys.version(s) for s in shards] or ["-"])
-        pipe.mget(self._keys.rows(table, ids))
-        raw_versions, raw_rows = pipe.execute()
-        versions = self._versions(shards, raw_versions)
-        values, present = decode_rows(raw_rows, dim)
-        if not present.all():
-            values[~present] = initial_rows(table, ids[~present], dim, self.init_scale)
-        return Pulled(values, versions)
+        rows, _, versions = self.pull({table: (ids, dim)}, [])
+        return Pulled(rows[table], versions)
 
     def pull_blocks(self, blocks: Iterable[tuple[str, int]]) -> tuple[dict[tuple[str, int], np.ndarray], dict[int, int]]:
         """Dense blocks by (param, block); a block never trained is absent from the result."""
-        blocks = list(blocks)
-        shards = sorted({self.slot_map.shard_of_block(p, b) for p, b in blocks})
+        _, found, versions = self.pull({}, list(blocks))
+        return found, versions
+
+    def pull(self, rows: Mapping[str, tuple[np.ndarray, int]], blocks: Sequence[tuple[str, int]]
+             ) -> tuple[dict[str, np.ndarray], dict[tuple[str, int], np.ndarray], dict[int, int]]:
+        """Rows of several tables ({table: (ids, dim)}) and dense blocks in one round trip:
+        ({table: values}, {block: values}, {shard: version}), as `pull_rows` and `pull_blocks`."""
+        rows = {table: (np.asarray(ids, dtype=np.uint64), dim) for table, (ids, dim) in rows.items()}
+        shards = set()
+        for table, (ids, _) in rows.items():
+            shards.update(self.slot_map.shard_of_rows(table, ids).tolist())
+        shards.update(self.slot_map.shard_of_block(p, b) for p, b in blocks)
+        shards = sorted(shards)
         pipe = self._redis.pipeline(transaction=False)
         pipe.mget([self._keys.version(s) for s in shards] or ["-"])
-        pipe.mget([self._keys.dense(p, b) for p, b in blocks] or ["-"])
-        raw_versions, raw_blocks = pipe.execute()
-        versions = self._versions(shards, raw_versions)
+        for table, (ids, _) in rows.items():
+            pipe.mget(self._keys.rows(table, ids) or ["-"])
+        if blocks:
+            pipe.mget([self._keys.dense(p, b) for p, b in blocks])
+        replies = pipe.execute()
+        versions = self._versions(shards, replies[0])
+        values = {}
+        for (table, (ids, dim)), raw in zip(rows.items(), replies[1:]):
+            got, present = decode_rows(raw if len(ids) else [], dim)
+            if not present.all():
+                got[~present] = initial_rows(table, ids[~present], dim, self.init_scale)
+            values[table] = got
         found = {}
-        for key, raw in zip(blocks, raw_blocks):
-            if raw is not None:
-                found[key] = ParamBlock.from_bytes(raw).values
-        return found, versions
+        if blocks:
+            for key, raw in zip(blocks, replies[-1]):
+                if raw is not None:
+                    found[key] = ParamBlock.from_bytes(raw).values
+        return values, found, versions
 
     @staticmethod
     def _versions(shards: list[int], raw: list[bytes | None]) -> dict[int, int]:

@@ -20,6 +20,7 @@ import hashlib
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Annotated, Literal
 
 import msgspec
@@ -110,40 +111,55 @@ class _JsonDoc(msgspec.Struct):
     event_time_ms: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] = msgspec.field(name="ts")
 
 
+_DENSE, _SPARSE, _LABEL = attrgetter("dense"), attrgetter("sparse"), attrgetter("label")
+
+
 class _JsonFast:
     def __init__(self) -> None:
         self._decoder = msgspec.json.Decoder(_JsonDoc)
         self._names: set[str] = set()  # sparse field names seen and valid
 
     def parse(self, values: Sequence[bytes | None], dense_features: int) -> tuple[dict[int, _JsonDoc], list[int]]:
-        """({position: doc} for records that pass every check, positions for the slow path)."""
-        decode, names = self._decoder.decode, self._names
-        docs: dict[int, _JsonDoc] = {}
-        slow: list[int] = []
-        for i, value in enumerate(values):
-            try:
-                doc = decode(value)
-            except (msgspec.DecodeError, TypeError):  # ValidationError is a DecodeError
-                slow.append(i)
-                continue
-            if len(doc.dense) != dense_features or not (doc.sparse.keys() <= names or self._names_ok(doc)):
-                slow.append(i)
-                continue
-            docs[i] = doc
-        if docs:
-            positions = np.fromiter(docs, dtype=np.int64, count=len(docs))
-            labels = np.fromiter((d.label for d in docs.values()), dtype=np.float64, count=len(docs))
-            dense = np.array([d.dense for d in docs.values()], dtype=np.float64).reshape(len(docs), dense_features)
-            with np.errstate(over="ignore"):
-                fits = np.isfinite(dense.astype(np.float32)).all(axis=1)  # float32 is what the wire carries
-            unfit = positions[~(fits & (labels >= 0.0) & (labels <= 1.0))]
-            for i in unfit.tolist():
-                del docs[i]
-            slow.extend(unfit.tolist())
+        """({position: doc} for records that pass every check, positions for the slow path).
+
+        The common case (every record parses) runs as C-level `map`s; per-record Python only
+        runs for a chunk holding a record msgspec refuses."""
+        try:
+            parsed = list(map(self._decoder.decode, values))
+            positions = range(len(values))
+            slow: list[int] = []
+        except (msgspec.DecodeError, TypeError):  # ValidationError is a DecodeError
+            parsed, positions, slow = [], [], []
+            for i, value in enumerate(values):
+                try:
+                    parsed.append(self._decoder.decode(value))
+                    positions.append(i)
+                except (msgspec.DecodeError, TypeError):
+                    slow.append(i)
+        if not parsed:
+            return {}, slow
+        n = len(parsed)
+        dense_lists = list(map(_DENSE, parsed))
+        ok = np.fromiter(map(len, dense_lists), dtype=np.int64, count=n) == dense_features
+        sparse = list(map(_SPARSE, parsed))
+        named = np.fromiter(map(self._names.issuperset, sparse), dtype=bool, count=n)
+        for j in np.flatnonzero(~named).tolist():
+            named[j] = self._names_ok(sparse[j])
+        ok &= named
+        labels = np.fromiter(map(_LABEL, parsed), dtype=np.float64, count=n)
+        dense = np.zeros((n, dense_features))
+        fitting = np.flatnonzero(ok)
+        dense[fitting] = np.array([dense_lists[j] for j in fitting.tolist()] if len(fitting) < n else dense_lists,
+                                  dtype=np.float64).reshape(len(fitting), dense_features)
+        with np.errstate(over="ignore"):
+            ok &= np.isfinite(dense.astype(np.float32)).all(axis=1)  # float32 is what the wire carries
+        ok &= (labels >= 0.0) & (labels <= 1.0)
+        docs = {positions[j]: parsed[j] for j in np.flatnonzero(ok).tolist()}
+        slow.extend(positions[j] for j in np.flatnonzero(~ok).tolist())
         return docs, slow
 
-    def _names_ok(self, doc: _JsonDoc) -> bool:
-        for name in doc.sparse:
+    def _names_ok(self, sparse: dict[str, list[int]]) -> bool:
+        for name in sparse:
             if name not in self._names:
                 if not name or len(name.encode("utf-8")) > _NAME_MAX_BYTES:
                     return False

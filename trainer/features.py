@@ -10,14 +10,18 @@ trainer cuts mini-batches out of the result by slicing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
+from operator import attrgetter, methodcaller
 
 import numpy as np
 
 from pserver.sharding import mix64, name_salt
 from schemas import Example
+
+
+_SPARSE, _DENSE, _LABEL, _TIME = (attrgetter(a) for a in ("sparse", "dense", "label", "event_time_ms"))
 
 
 @dataclass(frozen=True)
@@ -42,16 +46,17 @@ class Columns:
             OverflowError: an id does not fit 64 bits (checked here, in C, not per id).
         """
         n = len(examples)
+        maps = list(map(_SPARSE, examples))
         sparse = []
         for name in fields:
-            lists = [e.sparse.get(name, ()) for e in examples]
+            lists = list(map(methodcaller("get", name, ()), maps))
             counts = np.fromiter(map(len, lists), dtype=np.int64, count=n)
             ids = np.fromiter(chain.from_iterable(lists), dtype=np.uint64, count=int(counts.sum()))
             sparse.append((ids, counts))
-        dense = np.array([e.dense for e in examples], dtype=np.float64).reshape(n, dense_features)
+        dense = np.array(list(map(_DENSE, examples)), dtype=np.float64).reshape(n, dense_features)
         return cls(tuple(sparse), dense.astype(np.float32),
-                   np.fromiter((e.label for e in examples), dtype=np.float64, count=n).astype(np.float32),
-                   np.fromiter((e.event_time_ms for e in examples), dtype=np.int64, count=n))
+                   np.fromiter(map(_LABEL, examples), dtype=np.float64, count=n).astype(np.float32),
+                   np.fromiter(map(_TIME, examples), dtype=np.int64, count=n))
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,29 @@ class Batch:
                      np.concatenate([first.dense, second.dense]), np.concatenate([first.labels, second.labels]),
                      first.fields, np.concatenate([first.offsets, second.offsets[1:] + first.offsets[-1]]),
                      np.concatenate([first.event_time_ms, second.event_time_ms]))
+
+
+class MiniBatches:
+    """Cuts featurized chunks into mini-batches of exactly `size` examples in order; what is
+    left of a chunk waits for the next, so the cut does not depend on where chunks begin."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._carry: Batch | None = None
+
+    def feed(self, block: Batch) -> Iterator[Batch]:
+        if self._carry is not None:
+            block, self._carry = Batch.concat(self._carry, block), None
+        full = block.size - block.size % self.size
+        for start in range(0, full, self.size):
+            yield block.slice(start, start + self.size)
+        if full < block.size:
+            self._carry = block.slice(full, block.size)
+
+    def rest(self) -> Batch | None:
+        """The last, short mini-batch, if any."""
+        carry, self._carry = self._carry, None
+        return carry
 
 
 class Featurizer:

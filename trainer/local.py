@@ -17,7 +17,8 @@ from torch import nn
 from master.config import JobConfig
 from pserver.rows import initial_rows
 from schemas import Example
-from trainer.features import Featurizer, pool
+from trainer.decoders import ChunkDecoder
+from trainer.features import Batch, Featurizer, MiniBatches, pool
 from trainer.params import INIT_SCALE, DenseLayout
 from trainer.worker import build_model, model_spec
 
@@ -28,6 +29,7 @@ class LocalTrainer:
     def __init__(self, config: JobConfig) -> None:
         spec = model_spec(config)
         self.featurizer = Featurizer(spec.fields, spec.dense_features, config.model.hash_buckets)
+        self.decoder = ChunkDecoder(config.input, spec.fields, spec.dense_features)
         self.model = build_model(config)
         DenseLayout(self.model).load({})
         buckets = config.model.hash_buckets
@@ -43,8 +45,7 @@ class LocalTrainer:
                               lr=config.train.learning_rate)
         self.batch_size = config.model.batch_size
 
-    def _forward(self, examples: Sequence[Example]) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = self.featurizer.batch(examples)
+    def _forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         ids = torch.from_numpy(batch.ids.astype(np.int64))
         bags = torch.from_numpy(batch.bags)
         every = torch.arange(len(ids))
@@ -56,12 +57,28 @@ class LocalTrainer:
 
     def train(self, examples: Sequence[Example]) -> None:
         for i in range(0, len(examples), self.batch_size):
-            logits, labels = self._forward(examples[i:i + self.batch_size])
-            self.optimizer.zero_grad()
-            F.binary_cross_entropy_with_logits(logits, labels).backward()
-            self.optimizer.step()
+            self._step(self.featurizer.batch(examples[i:i + self.batch_size]))
+
+    def train_records(self, values: Sequence[bytes], chunk: int = 2048) -> None:
+        """The same, from the records' bytes, decoded and cut as a trainer does (bad records
+        are skipped)."""
+        batches = MiniBatches(self.batch_size)
+        for i in range(0, len(values), chunk):
+            decoded = self.decoder.decode(values[i:i + chunk])
+            if len(decoded.columns):
+                for batch in batches.feed(self.featurizer.featurize(decoded.columns)):
+                    self._step(batch)
+        last = batches.rest()
+        if last is not None:
+            self._step(last)
+
+    def _step(self, batch: Batch) -> None:
+        logits, labels = self._forward(batch)
+        self.optimizer.zero_grad()
+        F.binary_cross_entropy_with_logits(logits, labels).backward()
+        self.optimizer.step()
 
     @torch.no_grad()
     def score(self, examples: Sequence[Example]) -> np.ndarray:
-        logits, _ = self._forward(examples)
+        logits, _ = self._forward(self.featurizer.batch(examples))
         return torch.sigmoid(logits).numpy()

@@ -65,6 +65,12 @@ class DenseLayout:
         return out
 
 
+@dataclass(frozen=True)
+class Fetched:
+    rows: dict[str, np.ndarray]  # table -> (ids, dim) values
+    blocks: dict[tuple[str, int], np.ndarray] | None  # None: dense not fetched this time
+
+
 class ParamSync:
     """Pulls for a mini-batch; retries while a shard is not (yet, or again) in Redis."""
 
@@ -76,11 +82,25 @@ class ParamSync:
     def pull_rows(self, table: str, ids: np.ndarray, dim: int) -> np.ndarray:
         return self._retrying(lambda: self.client.pull_rows(table, ids, dim).values)
 
+    def fetch(self, tables: dict[str, int], ids: np.ndarray, dense: bool) -> Fetched:
+        """The rows of `ids` in every table ({name: dim}), and the dense blocks if `dense`, in
+        one round trip. Touches no parameter, so it may run ahead in another thread."""
+        keys = [(b.param, b.block) for b in self.layout.blocks] if dense else []
+        rows, found, _ = self._retrying(
+            lambda: self.client.pull({name: (ids, dim) for name, dim in tables.items()}, keys))
+        return Fetched(rows, found if dense else None)
+
     def pull_dense(self) -> None:
         keys = [(b.param, b.block) for b in self.layout.blocks]
         if keys:
             found, _ = self._retrying(lambda: self.client.pull_blocks(keys))
             self.layout.load(found)
+
+    def load(self, fetched: Fetched) -> dict[str, np.ndarray]:
+        """Dense blocks into the model (when fetched); returns the rows."""
+        if fetched.blocks is not None:
+            self.layout.load(fetched.blocks)
+        return fetched.rows
 
     def _retrying(self, pull):
         deadline = time.monotonic() + self.wait_s

@@ -36,12 +36,11 @@ class RangeReader:
         self._stall_s = stall_s
 
     def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[Message]:
-        """Yield the records with start <= offset < end, in offset order."""
-        low, _ = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-        if low > start:
-            log.warning("%s:%d: offsets [%d, %d) are gone (retention); reading from %d",
-                        topic, partition, start, min(low, end), low)
-            start = low
+        """Yield the records with start <= offset < end, in offset order.
+
+        Offsets below the partition's earliest (removed by retention) are skipped: the consumer
+        resets to the earliest offset (`auto.offset.reset`), which is only looked up, to say so,
+        when the first record comes after `start`."""
         if start >= end:
             return
         tp = TopicPartition(topic, partition, start)
@@ -56,6 +55,8 @@ class RangeReader:
                         if msg.error().code() != KafkaError._PARTITION_EOF:
                             log.warning("%s:%d: %s", topic, partition, msg.error())
                         continue
+                    if position == start and msg.offset() > start:
+                        self._say_if_gone(topic, partition, start, end)
                     if msg.offset() >= end:
                         position = end
                         break
@@ -74,6 +75,12 @@ class RangeReader:
                                          f"(reading [{start}, {end})) for {self._stall_s:.0f} s")
         finally:
             self._consumer.unassign()
+
+    def _say_if_gone(self, topic: str, partition: int, start: int, end: int) -> None:
+        low, _ = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+        if low > start:
+            log.warning("%s:%d: offsets [%d, %d) are gone (retention); reading from %d",
+                        topic, partition, start, min(low, end), low)
 
     def close(self) -> None:
         self._consumer.close()

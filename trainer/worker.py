@@ -17,6 +17,7 @@ import os
 import socket
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,10 +37,10 @@ from schemas import DeadLetter, EtcdKeys, Topics
 from streamtrain.observability import TrainerMetrics
 from trainer.decoders import ChunkDecoder
 from trainer.delivery import AtLeastOnceDelivery, DeliveryError, TransactionalDelivery
-from trainer.features import Batch, Featurizer, pool
+from trainer.features import Batch, Featurizer, MiniBatches, pool
 from trainer.metrics import TaskMetrics
 from trainer.models import ModelSpec
-from trainer.params import DenseLayout, GradientBuffer, ParamSync
+from trainer.params import DenseLayout, Fetched, GradientBuffer, ParamSync
 from trainer.reader import RangeReader, RangeReadError
 from trainer.steps import StepGate
 
@@ -103,6 +104,7 @@ class Trainer:
                 self._loop(stop, max_tasks)
             finally:
                 self.reader.close()
+                self._prefetcher.shutdown()
                 self.delivery.close()
                 self.redis.close()
                 self.lease.revoke()
@@ -132,6 +134,12 @@ class Trainer:
         self.redis = redis_client(self.endpoints)
         self.sync = ParamSync(ParamClient(self.redis, config.name, self.slot_map), self.layout)
         self.buffer = GradientBuffer(self.slot_map, self.shards)
+        # Pull the next mini-batch's parameters while this one trains, when that loses nothing:
+        # with one commit per task (async, exactly-once) a pull sees none of the task's own
+        # pushes either way. In the other modes a push becomes visible before the next pull.
+        self._pull_ahead = (config.train.sgd == "async" and config.train.delivery == "exactly_once"
+                            and config.train.commit_every == 0)
+        self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="pull-ahead")
         self.gate = StepGate(self.redis, config.name, self.shards, config.train.sgd, config.train.staleness,
                              self.trainer_id, max_wait_s=max(1.0, config.tasks.timeout_s / 3))
         self.step = self.gate.first_step()
@@ -226,7 +234,7 @@ class Trainer:
         self._heartbeat_at = time.monotonic()
         self.model.zero_grad(set_to_none=True)
         self.buffer.clear()
-        self._carry: Batch | None = None
+        self._batcher = MiniBatches(self.config.model.batch_size)
         chunk = []
         for msg in self.reader.read(record.topic, record.partition, record.start, record.end):
             if stop.is_set():
@@ -236,8 +244,9 @@ class Trainer:
                 self._train_records(chunk)
                 chunk = []
         self._train_records(chunk)
-        if self._carry is not None:
-            self._train_batch(self._carry)
+        last = self._batcher.rest()
+        if last is not None:
+            self._train_batch(last)
         if self._group_batches:
             self._push()
         self.delivery.add(self.topics.metrics, metrics.to_json(), task.task_id.encode())
@@ -248,8 +257,7 @@ class Trainer:
 
     def _train_records(self, msgs: list) -> None:
         """Decode and featurize a chunk of records at once, then train its mini-batches: always
-        `batch_size` good examples in offset order (the rest waits for the next chunk), so the
-        push groups do not depend on where chunks begin."""
+        `batch_size` good examples in offset order, so push groups do not depend on chunking."""
         if not msgs:
             return
         decoded = self.decoder.decode([m.value() for m in msgs])
@@ -259,13 +267,11 @@ class Trainer:
             return
         block = self.featurizer.featurize(decoded.columns)
         self._metrics.max_event_time_ms = max(self._metrics.max_event_time_ms, int(block.event_time_ms.max()))
-        if self._carry is not None:
-            block = Batch.concat(self._carry, block)
-        size = self.config.model.batch_size
-        full = block.size - block.size % size
-        for start in range(0, full, size):
-            self._train_batch(block.slice(start, start + size))
-        self._carry = block.slice(full, block.size) if full < block.size else None
+        batches = list(self._batcher.feed(block))
+        ahead = None
+        for i, batch in enumerate(batches):
+            following = batches[i + 1] if self._pull_ahead and i + 1 < len(batches) else None
+            ahead = self._train_batch(batch, ahead, following)
 
     def _dead_letter(self, msg, reason: str) -> None:
         self._metrics.bad_records += 1
@@ -277,14 +283,21 @@ class Trainer:
         self.delivery.add(self.topics.dlq, letter.to_json(),
                           f"{msg.topic()}:{msg.partition()}:{msg.offset()}".encode())
 
-    def _train_batch(self, batch: Batch) -> None:
+    def _fetch(self, batch: Batch, number: int) -> tuple[np.ndarray, np.ndarray, Fetched]:
+        unique, inverse = np.unique(batch.ids, return_inverse=True)
+        fetched = self.sync.fetch(self.model.tables, unique, dense=number % self.config.train.pull_every == 0)
+        return unique, inverse, fetched
+
+    def _train_batch(self, batch: Batch, ahead: Future | None = None, following: Batch | None = None
+                     ) -> Future | None:
+        """Train one mini-batch; `ahead` holds its parameters if they were fetched while the
+        previous one trained, and `following`'s are fetched while this one trains."""
         metrics = self._metrics
         started = time.perf_counter()
-        if self._batches % self.config.train.pull_every == 0:
-            self.sync.pull_dense()
+        unique, inverse, fetched = ahead.result() if ahead is not None else self._fetch(batch, self._batches)
+        tables = self.sync.load(fetched)
+        nxt = None if following is None else self._prefetcher.submit(self._fetch, following, self._batches + 1)
         self._batches += 1
-        unique, inverse = np.unique(batch.ids, return_inverse=True)
-        tables = {name: self.sync.pull_rows(name, unique, dim) for name, dim in self.model.tables.items()}
         pulled = time.perf_counter()
         metrics.pull_s += pulled - started
         self.obs.pull_seconds.observe(pulled - started)
@@ -313,6 +326,7 @@ class Trainer:
         self.stats.examples += batch.size
         if self._group_batches == self.config.train.push_every:
             self._push()
+        return nxt
 
     def _to(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.device.type == "cuda":
