@@ -14,7 +14,7 @@ from master.config import JobConfig
 from pserver.sharding import SlotMap
 from schemas import Example
 from trainer.decoders import ChunkDecoder, DecodeError, make_decoder
-from trainer.features import Batch, Columns, Featurizer, pool
+from trainer.features import Batch, Columns, Featurizer, MiniBatches, pool
 from trainer.metrics import auc
 from trainer.models import DeepFM, LogisticRegression, ModelSpec, WideDeep
 from trainer.params import DenseLayout, GradientBuffer
@@ -103,6 +103,19 @@ def test_batches_cut_from_a_featurized_chunk_equal_batches_featurized_alone() ->
             alone = f.batch(examples[start:stop])
             for name in ("ids", "bags", "dense", "labels", "offsets", "event_time_ms"):
                 np.testing.assert_array_equal(getattr(got, name), getattr(alone, name), err_msg=name)
+
+
+def test_mini_batches_do_not_depend_on_where_chunks_begin() -> None:
+    examples = [Example({"a": (i, i + 1), "b": (i,)}, (float(i),), float(i % 2), i) for i in range(103)]
+    f = Featurizer(("a", "b"), 1, 1 << 16)
+    for chunk in (1, 7, 10, 64, 103):
+        batcher = MiniBatches(10)
+        got = [b for i in range(0, 103, chunk) for b in batcher.feed(f.batch(examples[i:i + chunk]))]
+        got.append(batcher.rest())
+        assert [b.size for b in got] == [10] * 10 + [3]
+        for k, batch in enumerate(got):
+            np.testing.assert_array_equal(batch.ids, f.batch(examples[10 * k:10 * k + 10]).ids)
+        assert batcher.rest() is None
 
 
 def test_auc_matches_the_pairwise_definition_with_ties() -> None:
