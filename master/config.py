@@ -366,6 +366,8 @@ class TrainSection:
         commit_every: exactly-once only: 0 = one Kafka transaction per task, k >= 1 = commit
             every k pushes (fresher parameters, more commit overhead).
         learning_rate: the optimizer's step size, applied by the pservers.
+        torch_threads: a trainer's intra-op threads for forward and backward; 0 = torch's
+            default (one per core).
     """
 
     sgd: str = "async"
@@ -375,9 +377,13 @@ class TrainSection:
     pull_every: int = 1
     commit_every: int = 0
     learning_rate: float = 0.05
+    # One: at the built-in models' sizes, a second intra-op thread costs more in hand-offs than
+    # it saves, and the trainer's own threads (reading, pulling, committing) need the cores.
+    torch_threads: int = 1
 
     def __post_init__(self) -> None:
         sgd = _choice("train.sgd", self.sgd, ("async", "sync", "bounded"))
+        _int("train.torch_threads", self.torch_threads, 0)
         staleness = _int("train.staleness", self.staleness, 0)
         delivery = _choice("train.delivery", self.delivery, ("exactly_once", "at_least_once"))
         _int("train.push_every", self.push_every, 1)

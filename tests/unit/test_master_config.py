@@ -145,6 +145,7 @@ def test_minimal_job_file_takes_every_documented_default():
             "pull_every": 1,
             "commit_every": 0,
             "learning_rate": 0.05,
+            "torch_threads": 1,
         },
         "pservers": {
             "count": 2,
