@@ -1,4 +1,4 @@
-"""Redis MSET commands for millions of rows, built with numpy.
+"""Redis MSET and MGET commands for many rows, built with numpy.
 
 redis-py packs a command argument by argument in Python (about 0.7 µs per key and value) and
 the keys and values must exist as Python bytes first (another ~1 µs per row). Here a whole
@@ -30,17 +30,33 @@ def _digits(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return out, np.arange(width) >= (width - ndigits)[:, None]
 
 
+def _key_pieces(prefix: bytes, ids: np.ndarray) -> list[tuple[np.ndarray, np.ndarray | None]]:
+    """Each id's key as a RESP bulk string header and body (``$<len>``, CRLF, ``<prefix><id>``),
+    as pieces for `_laid_out`."""
+    id_digits, id_mask = _digits(ids.astype(np.uint64, copy=False))
+    key_len, len_mask = _digits((id_mask.sum(1) + len(prefix)).astype(np.uint64))
+    return [(np.frombuffer(b"$", dtype=np.uint8), None), (key_len, len_mask),
+            (np.frombuffer(b"\r\n" + prefix, dtype=np.uint8), None), (id_digits, id_mask)]
+
+
 def mset(prefix: bytes, ids: np.ndarray, values: np.ndarray) -> bytes:
     """``MSET <prefix><id> <value> ...`` in RESP; `values` is (n, size) uint8, one row each."""
     n, size = values.shape
-    id_digits, id_mask = _digits(ids.astype(np.uint64, copy=False))
-    key_len, len_mask = _digits((id_mask.sum(1) + len(prefix)).astype(np.uint64))
-    pieces: list[tuple[np.ndarray, np.ndarray | None]] = [
-        (np.frombuffer(b"$", dtype=np.uint8), None), (key_len, len_mask),
-        (np.frombuffer(b"\r\n" + prefix, dtype=np.uint8), None), (id_digits, id_mask),
+    pieces = _key_pieces(prefix, ids) + [
         (np.frombuffer(b"\r\n$%d\r\n" % size, dtype=np.uint8), None), (values, None),
         (np.frombuffer(b"\r\n", dtype=np.uint8), None),
     ]
+    return b"*%d\r\n$4\r\nMSET\r\n" % (2 * n + 1) + _laid_out(n, pieces)
+
+
+def mget(prefix: bytes, ids: np.ndarray) -> bytes:
+    """``MGET <prefix><id> ...`` in RESP (at least one id)."""
+    pieces = _key_pieces(prefix, ids) + [(np.frombuffer(b"\r\n", dtype=np.uint8), None)]
+    return b"*%d\r\n$4\r\nMGET\r\n" % (len(ids) + 1) + _laid_out(len(ids), pieces)
+
+
+def _laid_out(n: int, pieces: list[tuple[np.ndarray, np.ndarray | None]]) -> bytes:
+    """The pieces side by side, one record per row, masked-out columns dropped."""
     width = sum(p.shape[-1] for p, _ in pieces)
     matrix = np.empty((n, width), dtype=np.uint8)
     keep = np.ones((n, width), dtype=bool)
@@ -50,4 +66,4 @@ def mset(prefix: bytes, ids: np.ndarray, values: np.ndarray) -> bytes:
         if mask is not None:
             keep[:, col:col + piece.shape[-1]] = mask
         col += piece.shape[-1]
-    return b"*%d\r\n$4\r\nMSET\r\n" % (2 * n + 1) + matrix[keep].tobytes()
+    return matrix[keep].tobytes()

@@ -134,6 +134,13 @@ class ParamClient:
         self._keys = RedisKeys(job)
         self.slot_map = slot_map
         self.init_scale = init_scale
+        self._block_shards: dict[tuple[str, int], int] = {}  # a model's blocks, pulled again and again
+
+    def _block_shard(self, block: tuple[str, int]) -> int:
+        shard = self._block_shards.get(block)
+        if shard is None:
+            shard = self._block_shards[block] = self.slot_map.shard_of_block(*block)
+        return shard
 
     def pull_rows(self, table: str, ids: np.ndarray, dim: int) -> Pulled:
         """Rows for `ids` (distinct or not); rows never trained come back as their initial
@@ -154,19 +161,38 @@ class ParamClient:
              ) -> tuple[dict[str, np.ndarray], dict[tuple[str, int], np.ndarray], dict[int, int]]:
         """Rows of several tables ({table: (ids, dim)}) and dense blocks in one round trip:
         ({table: values}, {block: values}, {shard: version}), as `pull_rows` and `pull_blocks`."""
+        return self.send_pull(rows, blocks).result()
+
+    def send_pull(self, rows: Mapping[str, tuple[np.ndarray, int]], blocks: Sequence[tuple[str, int]]
+                  ) -> PendingPull:
+        """Send `pull`'s requests now and read the replies later (`PendingPull.result`): the
+        caller computes while Redis answers, without a thread to hand the work over."""
         rows = {table: (np.asarray(ids, dtype=np.uint64), dim) for table, (ids, dim) in rows.items()}
         shards = set()
         for table, (ids, _) in rows.items():
             shards.update(self.slot_map.shard_of_rows(table, ids).tolist())
-        shards.update(self.slot_map.shard_of_block(p, b) for p, b in blocks)
+        shards.update(map(self._block_shard, blocks))
         shards = sorted(shards)
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.mget([self._keys.version(s) for s in shards] or ["-"])
-        for table, (ids, _) in rows.items():
-            pipe.mget(self._keys.rows(table, ids) or ["-"])
-        if blocks:
-            pipe.mget([self._keys.dense(p, b) for p, b in blocks])
-        replies = pipe.execute()
+        pool = self._redis.connection_pool
+        conn = pool.get_connection()
+        try:
+            # An empty MGET is a syntax error: a placeholder key keeps one reply per request.
+            packed = conn.pack_command("MGET", *([self._keys.version(s) for s in shards] or ["-"]))
+            for table, (ids, _) in rows.items():
+                packed.append(resp.mget(self._keys.row(table, 0)[:-1].encode(), ids) if len(ids)
+                              else b"".join(conn.pack_command("MGET", "-")))
+            if blocks:
+                packed += conn.pack_command("MGET", *[self._keys.dense(p, b) for p, b in blocks])
+            # One write: redis-py writes each piece with its own sendall.
+            conn.send_packed_command([b"".join(packed)])
+        except BaseException:
+            conn.disconnect()
+            pool.release(conn)
+            raise
+        return PendingPull(self, pool, conn, shards, rows, list(blocks))
+
+    def _decode(self, shards: list[int], rows: dict[str, tuple[np.ndarray, int]], blocks: list[tuple[str, int]],
+                replies: list) -> tuple[dict[str, np.ndarray], dict[tuple[str, int], np.ndarray], dict[int, int]]:
         versions = self._versions(shards, replies[0])
         values = {}
         for (table, (ids, dim)), raw in zip(rows.items(), replies[1:]):
@@ -187,3 +213,37 @@ class ParamClient:
         if missing:
             raise ParamsUnavailableError(missing)
         return {s: int(v) for s, v in zip(shards, raw)}
+
+
+class PendingPull:
+    """A pull on the wire. Its connection stays out of the pool until `result` reads the
+    replies or `cancel` drops them (a half-read reply stream must never be reused)."""
+
+    def __init__(self, client: ParamClient, pool: redis.ConnectionPool, conn, shards: list[int],
+                 rows: dict[str, tuple[np.ndarray, int]], blocks: list[tuple[str, int]]) -> None:
+        self._client = client
+        self._pool = pool
+        self._conn = conn
+        self._shards = shards
+        self._rows = rows
+        self._blocks = blocks
+
+    def result(self) -> tuple[dict[str, np.ndarray], dict[tuple[str, int], np.ndarray], dict[int, int]]:
+        """As `ParamClient.pull`. Raises ParamsUnavailableError like it."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            raise RuntimeError("this pull was already read or cancelled")
+        try:
+            replies = [conn.read_response() for _ in range(1 + len(self._rows) + bool(self._blocks))]
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            self._pool.release(conn)
+        return self._client._decode(self._shards, self._rows, self._blocks, replies)
+
+    def cancel(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.disconnect()
+            self._pool.release(conn)

@@ -58,3 +58,23 @@ def test_after_a_flush_pulls_are_refused_until_the_shard_republishes(redis_conn,
         client.pull_rows("user", np.arange(10, dtype=np.uint64), 8)
     publisher.publish_all(state)
     assert np.array_equal(client.pull_rows("user", np.arange(10, dtype=np.uint64), 8).values, before)
+
+
+def test_a_pull_sent_ahead_reads_what_a_pull_reads_and_a_cancelled_one_leaves_no_stray_reply(
+        redis_conn, unique) -> None:
+    job, slot_map = unique("ahead"), SlotMap.uniform(128, 2)
+    ids = np.arange(1000, dtype=np.uint64)
+    for s in range(2):
+        Publisher(redis_conn, job, s).publish_all(trained_shard(job, s, slot_map, ids))
+    client = ParamClient(redis_conn, job, slot_map)
+    probe = np.array([3, 999, 5000], dtype=np.uint64)
+    request = ({"user": (probe, 8), "empty": (np.zeros(0, dtype=np.uint64), 4)}, [("fc", 0), ("fc", 1)])
+    sent = client.send_pull(*request)
+    redis_conn.set(f"st:{job}:meanwhile", b"x")  # the client is used while the replies wait
+    rows, blocks, versions = sent.result()
+    again = client.pull(*request)
+    assert np.array_equal(rows["user"], again[0]["user"]) and rows["empty"].shape == (0, 4)
+    assert set(blocks) == {("fc", 0)} and versions == again[2]
+    for _ in range(20):  # cancelled pulls must not leave replies for the next user of a connection
+        client.send_pull(*request).cancel()
+        assert np.array_equal(client.pull(*request)[0]["user"], rows["user"])

@@ -1,4 +1,4 @@
-"""The numpy-built MSET is byte for byte what redis-py would send for the same rows."""
+"""The numpy-built MSET and MGET are byte for byte what redis-py would send for the same rows."""
 
 from __future__ import annotations
 
@@ -22,3 +22,11 @@ def test_mset_equals_redis_py_packing(ids: list[int], dim: int) -> None:
     expected = b"".join(Connection().pack_command("MSET", *args))
     got = resp.mset(prefix.encode(), np.array(ids, dtype=np.uint64), encode_rows_matrix(values))
     assert got == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=50))
+def test_mget_equals_redis_py_packing(ids: list[int]) -> None:
+    prefix = "st:job:row:emb:"
+    expected = b"".join(Connection().pack_command("MGET", *[f"{prefix}{i}" for i in ids]))
+    assert resp.mget(prefix.encode(), np.array(ids, dtype=np.uint64)) == expected
