@@ -2,8 +2,9 @@
 from Redis, forward/backward, deltas committed to the gradient topics in Kafka transactions),
 beside a bare PyTorch loop over the same data and model in the same run.
 
-    python -m bench.trainer_throughput [--examples 60000] [--model trainer.models:LogisticRegression]
-                                       [--batch-size 256] [--commit-every 0]
+    python -m bench.trainer_throughput [--examples 60000] [--warmup 120000] [--batch-size 256]
+                                       [--model trainer.models:LogisticRegression]
+                                       [--commit-every 0] [--task-records 2000]
 
 Starts its own Kafka, etcd and Redis (or uses STREAMTRAIN_KAFKA/ETCD/REDIS), a master and two
 pserver shards as their own processes (as deployed: a shard's threads do not share the
@@ -11,13 +12,17 @@ trainer's interpreter lock), then times one trainer over a bounded single pass. 
 run the same model with the same featurizer and optimizer in one process: over the records'
 bytes, decoded by the trainer's own decoder (the like-for-like baseline: same data, same input
 pipeline, no Kafka, Redis or etcd), and over examples already in memory. The trainer's rate is
-its steady state, from its first trained example to its last; its start-up (model build,
-transactional producer init) is reported beside it. Prints JSON.
+its steady state: the first `--warmup` examples are not timed, because a freshly started
+broker runs its transaction paths interpreted until its JIT compiles them (about 30 ms of
+broker CPU per commit at first, 8 ms after a few hundred), and here the broker shares the
+trainer's cores. The trainer's start-up (model build, transactional producer init) and the
+cores each process kept busy are reported beside it. Prints JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -34,7 +39,7 @@ from infra.clients import TopicSpec, ensure_topics
 from master.config import JobConfig
 from master.etcd import Etcd
 from producers.clickmodel import ClickModel
-from schemas import EtcdKeys
+from schemas import EtcdKeys, Example
 from trainer.local import LocalTrainer
 from trainer.worker import Trainer
 
@@ -52,7 +57,7 @@ name = "{name}"
 topics = ["{topic}"]
 passes = 1
 [tasks]
-max_records = 2000
+max_records = {args.task_records}
 [model]
 factory = "{args.model}"
 sparse_fields = [{fields}]
@@ -69,16 +74,36 @@ poll_ms = 50
 """
 
 
-def run(endpoints: Endpoints, args: argparse.Namespace, home: Path) -> dict:
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """User + system CPU each process has used so far (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    used = {}
+    for name, pid in pids.items():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        used[name] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return used
+
+
+def run(endpoints: Endpoints, args: argparse.Namespace, home: Path, service_pids: dict[str, int]) -> dict:
     model = ClickModel()
-    examples = model.examples(args.examples)
-    values = [e.to_json() for e in examples]
+    # Only the records' bytes stay alive while the trainer runs: bytes are not tracked by the
+    # cyclic collector, while 180k Example objects would make every collection in this process
+    # (the trainer's too) walk them. The in-memory loop decodes its examples afterwards.
+    values = [e.to_json() for e in model.examples(args.warmup + args.examples)]
     name = f"bench-trainer-{time.time_ns()}"
     topic = f"{name}.input"
     ensure_topics(endpoints, [TopicSpec(topic, 2)])
     producer = Producer({"bootstrap.servers": endpoints.kafka, "linger.ms": 20})
     for i, value in enumerate(values):
-        producer.produce(topic, value, partition=i % 2)
+        while True:
+            try:
+                producer.produce(topic, value, partition=i % 2)
+                break
+            except BufferError:
+                producer.poll(0.05)  # local queue full: let it drain
     producer.flush(60)
     config = job(name, topic, home / "ckpt", args, model)
     job_file = home / "job.toml"
@@ -104,13 +129,23 @@ def run(endpoints: Endpoints, args: argparse.Namespace, home: Path) -> dict:
         began = time.perf_counter()
         worker = threading.Thread(target=trainer.run, args=(stop,), daemon=True)
         worker.start()
-        while trainer.stats.examples == 0:
-            time.sleep(0.002)
-        first = time.perf_counter()
-        while trainer.stats.examples < len(examples):
-            time.sleep(0.002)
+
+        def trained(examples: int) -> None:
+            while trainer.stats.examples < examples:
+                if not worker.is_alive():
+                    raise RuntimeError("the trainer stopped (its traceback is above)")
+                time.sleep(0.01)
+
+        trained(1)
+        startup_s = time.perf_counter() - began
+        trained(args.warmup)
+        timed = trainer.stats.examples  # the clock starts on a mini-batch boundary
+        pids = {"trainer": os.getpid(), "master": procs[0].pid, "shard 0": procs[1].pid,
+                "shard 1": procs[2].pid, **service_pids}
+        first, cpu_before = time.perf_counter(), cpu_seconds(pids)
+        trained(len(values))
         system_s = time.perf_counter() - first
-        startup_s = first - began
+        cpu = {name: used - cpu_before[name] for name, used in cpu_seconds(pids).items() if name in cpu_before}
         stop.set()
         worker.join(30)
     finally:
@@ -120,21 +155,31 @@ def run(endpoints: Endpoints, args: argparse.Namespace, home: Path) -> dict:
             proc.wait(30)
         log.close()
 
+    # The bare loops train the examples the trainer was timed on, after the warm-up ones, with
+    # the long-lived objects frozen as the trainer has them (trainer/worker.py).
+    gc.freeze()
     local = LocalTrainer(config)
+    local.train_records(values[:args.warmup])
     began = time.perf_counter()
-    local.train(examples)
-    bare_s = time.perf_counter() - began
-    local = LocalTrainer(config)
-    began = time.perf_counter()
-    local.train_records(values)
+    local.train_records(values[args.warmup:])
     bare_records_s = time.perf_counter() - began
-    # The first mini-batch is timed in neither: the trainer's clock starts once it has trained.
-    steady = len(examples) - args.batch_size
+    examples = [Example.from_json(v) for v in values]
+    gc.freeze()
+    local = LocalTrainer(config)
+    local.train(examples[:args.warmup])
+    began = time.perf_counter()
+    local.train(examples[args.warmup:])
+    bare_s = time.perf_counter() - began
+    steady = len(values) - timed
+    examples = examples[args.warmup:]
     return {
-        "examples": len(examples), "model": args.model, "batch_size": args.batch_size,
-        "commit_every": args.commit_every,
+        "examples": len(examples), "warmup_examples": args.warmup, "model": args.model,
+        "batch_size": args.batch_size,
+        "commit_every": args.commit_every, "task_records": args.task_records,
         "trainer_examples_per_s": round(steady / system_s),
         "trainer_startup_s": round(startup_s, 2),
+        # Cores each process kept busy meanwhile (the machine's cores are shared by all).
+        "cores_busy": {name: round(used / system_s, 2) for name, used in cpu.items()},
         "bare_torch_from_records_examples_per_s": round(len(examples) / bare_records_s),
         "ratio": round(steady / system_s / (len(examples) / bare_records_s), 3),
         "bare_torch_in_memory_examples_per_s": round(len(examples) / bare_s),
@@ -144,21 +189,26 @@ def run(endpoints: Endpoints, args: argparse.Namespace, home: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--examples", type=int, default=60_000)
+    parser.add_argument("--examples", type=int, default=60_000, help="examples timed")
+    parser.add_argument("--warmup", type=int, default=120_000,
+                        help="examples trained first, untimed: the broker's JVM compiles its hot paths")
     parser.add_argument("--model", default="trainer.models:LogisticRegression")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--commit-every", type=int, default=0)
+    parser.add_argument("--task-records", type=int, default=2000, help="the job's tasks.max_records")
     args = parser.parse_args()
     endpoints = Endpoints.resolve()
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         local = None
+        service_pids: dict[str, int] = {}
         if not endpoints.external:
             local = LocalServices(home / "services", Ports.free())
             local.up()
             endpoints = local.endpoints
+            service_pids = {name: server.pid() for name, server in local.servers.items() if server.pid()}
         try:
-            print(json.dumps(run(endpoints, args, home), indent=2))
+            print(json.dumps(run(endpoints, args, home, service_pids), indent=2))
         finally:
             if local is not None:
                 local.down()

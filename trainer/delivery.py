@@ -11,6 +11,7 @@ or at once when a trainer with the same id starts again and fences it).
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 from confluent_kafka import KafkaException, Producer
 
@@ -20,9 +21,27 @@ log = logging.getLogger(__name__)
 
 TRANSACTION_TIMEOUT_MS = 10_000
 
+Messages = list[tuple[str, bytes, bytes | None]]  # (topic, value, key)
+
 
 class DeliveryError(RuntimeError):
     """Messages could not be committed; nothing of the group is visible to read_committed readers."""
+
+
+class Delivery(Protocol):
+    def add(self, topic: str, value: bytes, key: bytes | None = None) -> None:
+        """A message of the group being built."""
+
+    def take(self) -> Messages:
+        """The group's messages not yet sent, handed to `commit` (possibly from another thread)."""
+
+    def commit(self, messages: Messages) -> None:
+        """Make a taken group visible. Raises DeliveryError."""
+
+    def discard(self) -> None:
+        """Drop the group being built."""
+
+    def close(self) -> None: ...
 
 
 class TransactionalDelivery:
@@ -35,7 +54,7 @@ class TransactionalDelivery:
             "compression.type": "lz4",
         }
         self._producer = self._new_producer()
-        self._buffer: list[tuple[str, bytes, bytes | None]] = []
+        self._buffer: Messages = []
 
     def _new_producer(self) -> Producer:
         producer = Producer(self._config)
@@ -46,19 +65,22 @@ class TransactionalDelivery:
     def add(self, topic: str, value: bytes, key: bytes | None = None) -> None:
         self._buffer.append((topic, value, key))
 
-    def commit(self) -> None:
-        if not self._buffer:
+    def take(self) -> Messages:
+        taken, self._buffer = self._buffer, []
+        return taken
+
+    def commit(self, messages: Messages) -> None:
+        """All of `messages` in one transaction. Only ever called from one thread at a time."""
+        if not messages:
             return
         try:
             self._producer.begin_transaction()
-            for topic, value, key in self._buffer:
+            for topic, value, key in messages:
                 self._produce(topic, value, key)
             self._producer.commit_transaction(30)
         except KafkaException as exc:
             self._recover(exc)
             raise DeliveryError(f"transaction failed: {exc.args[0].str()}") from exc
-        finally:
-            self._buffer.clear()
 
     def _produce(self, topic: str, value: bytes, key: bytes | None) -> None:
         while True:
@@ -103,7 +125,11 @@ class AtLeastOnceDelivery:
                 self._producer.poll(0.05)
         self._producer.poll(0)
 
-    def commit(self) -> None:
+    def take(self) -> Messages:
+        return []  # already sent
+
+    def commit(self, messages: Messages) -> None:
+        """Wait for the acknowledgement of everything sent so far (the taken group included)."""
         if self._producer.flush(30) > 0:
             raise DeliveryError("messages still unacknowledged after 30 s")
 

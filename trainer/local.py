@@ -20,13 +20,14 @@ from schemas import Example
 from trainer.decoders import ChunkDecoder
 from trainer.features import Batch, Featurizer, MiniBatches, pool
 from trainer.params import INIT_SCALE, DenseLayout
-from trainer.worker import build_model, model_spec
+from trainer.worker import build_model, model_spec, use_torch_threads
 
 _OPTIMIZERS = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
 
 
 class LocalTrainer:
     def __init__(self, config: JobConfig) -> None:
+        use_torch_threads(config)
         spec = model_spec(config)
         self.featurizer = Featurizer(spec.fields, spec.dense_features, config.model.hash_buckets)
         self.decoder = ChunkDecoder(config.input, spec.fields, spec.dense_features)

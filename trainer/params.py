@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from pserver.rows import initial_rows
-from pserver.serving import ParamClient, ParamsUnavailableError
+from pserver.serving import ParamClient, ParamsUnavailableError, PendingPull
 from pserver.sharding import SlotMap
 from schemas import DenseSlice, GradientDelta, SparseRows
 
@@ -84,11 +84,14 @@ class ParamSync:
 
     def fetch(self, tables: dict[str, int], ids: np.ndarray, dense: bool) -> Fetched:
         """The rows of `ids` in every table ({name: dim}), and the dense blocks if `dense`, in
-        one round trip. Touches no parameter, so it may run ahead in another thread."""
+        one round trip."""
+        return self.send(tables, ids, dense).result()
+
+    def send(self, tables: dict[str, int], ids: np.ndarray, dense: bool) -> PendingFetch:
+        """`fetch`, its requests sent now and its replies read by `PendingFetch.result`."""
         keys = [(b.param, b.block) for b in self.layout.blocks] if dense else []
-        rows, found, _ = self._retrying(
-            lambda: self.client.pull({name: (ids, dim) for name, dim in tables.items()}, keys))
-        return Fetched(rows, found if dense else None)
+        request = ({name: (ids, dim) for name, dim in tables.items()}, keys)
+        return PendingFetch(self, request, dense, self.client.send_pull(*request))
 
     def pull_dense(self) -> None:
         keys = [(b.param, b.block) for b in self.layout.blocks]
@@ -111,6 +114,25 @@ class ParamSync:
                 if time.monotonic() >= deadline:
                     raise
                 time.sleep(exc.retry_after)
+
+
+class PendingFetch:
+    def __init__(self, sync: ParamSync, request: tuple, dense: bool, pending: PendingPull) -> None:
+        self._sync = sync
+        self._request = request
+        self._dense = dense
+        self._pending = pending
+
+    def result(self) -> Fetched:
+        """The fetched parameters; waits and retries while a shard is not in Redis."""
+        try:
+            rows, found, _ = self._pending.result()
+        except ParamsUnavailableError:
+            rows, found, _ = self._sync._retrying(lambda: self._sync.client.pull(*self._request))
+        return Fetched(rows, found if self._dense else None)
+
+    def cancel(self) -> None:
+        self._pending.cancel()
 
 
 class GradientBuffer:

@@ -6,18 +6,21 @@ Per task: records are decoded (bad ones dead-lettered), cut into mini-batches of
 so every attempt of a task produces the same keys and the pservers apply each group once.
 With exactly-once delivery the groups are committed in Kafka transactions (every
 `train.commit_every` groups, or once at the end of the task when it is 0), and the task is
-completed in etcd only after its last commit.
+completed in etcd only after its last commit. That last commit and the completion run in the
+background (trainer/committer.py) while the next task trains.
 """
 
 from __future__ import annotations
 
+import gc
 import importlib
 import logging
 import os
 import socket
+import sys
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,12 +38,14 @@ from pserver.serving import ParamClient, ParamsUnavailableError
 from pserver.sharding import SlotMap
 from schemas import DeadLetter, EtcdKeys, Topics
 from streamtrain.observability import TrainerMetrics
+from trainer.committer import Committer, Ended
 from trainer.decoders import ChunkDecoder
+from trainer.feed import Chunk, TaskFeed
 from trainer.delivery import AtLeastOnceDelivery, DeliveryError, TransactionalDelivery
 from trainer.features import Batch, Featurizer, MiniBatches, pool
 from trainer.metrics import TaskMetrics
 from trainer.models import ModelSpec
-from trainer.params import DenseLayout, Fetched, GradientBuffer, ParamSync
+from trainer.params import DenseLayout, GradientBuffer, ParamSync, PendingFetch
 from trainer.reader import RangeReader, RangeReadError
 from trainer.steps import StepGate
 
@@ -49,6 +54,14 @@ log = logging.getLogger(__name__)
 
 class _Stopped(Exception):
     """Stop was requested mid-task: the task is released, not failed."""
+
+
+@dataclass(frozen=True)
+class _Ahead:
+    batch: Batch
+    unique: np.ndarray
+    inverse: np.ndarray
+    pending: PendingFetch
 
 
 def default_device() -> torch.device:
@@ -61,6 +74,12 @@ def build_model(config: JobConfig) -> torch.nn.Module:
     for part in attr.split("."):
         factory = getattr(factory, part)
     return factory(model_spec(config))
+
+
+def use_torch_threads(config: JobConfig) -> None:
+    """`train.torch_threads` (process-wide: torch has one intra-op pool per process)."""
+    if config.train.torch_threads:
+        torch.set_num_threads(config.train.torch_threads)
 
 
 def model_spec(config: JobConfig) -> ModelSpec:
@@ -103,11 +122,13 @@ class Trainer:
             try:
                 self._loop(stop, max_tasks)
             finally:
+                self.committer.close()
                 self.reader.close()
-                self._prefetcher.shutdown()
+                self._cancel_ahead()
                 self.delivery.close()
                 self.redis.close()
                 self.lease.revoke()
+                gc.unfreeze()
         finally:
             self.etcd.close()
 
@@ -128,6 +149,7 @@ class Trainer:
         # Records decoded together: large enough to amortise the per-chunk numpy calls.
         self._chunk_records = max(config.model.batch_size, 2048)
         self.decoder = ChunkDecoder(config.input, spec.fields, spec.dense_features)
+        use_torch_threads(config)
         self.model = build_model(config).to(self.device)
         self.layout = DenseLayout(self.model)
         self.layout.load({})
@@ -139,7 +161,7 @@ class Trainer:
         # pushes either way. In the other modes a push becomes visible before the next pull.
         self._pull_ahead = (config.train.sgd == "async" and config.train.delivery == "exactly_once"
                             and config.train.commit_every == 0)
-        self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="pull-ahead")
+        self._ahead: _Ahead | None = None  # the next mini-batch's pull, on the wire
         self.gate = StepGate(self.redis, config.name, self.shards, config.train.sgd, config.train.staleness,
                              self.trainer_id, max_wait_s=max(1.0, config.tasks.timeout_s / 3))
         self.step = self.gate.first_step()
@@ -148,64 +170,87 @@ class Trainer:
             self.delivery = TransactionalDelivery(self.endpoints, f"{config.name}.trainer.{self.trainer_id}")
         else:
             self.delivery = AtLeastOnceDelivery(self.endpoints)
+        self.committer = Committer(self.delivery, self.tasks, self._ended)
+        # Decoding allocates several small containers per record, so the cyclic collector runs
+        # often; frozen, the ~200k long-lived objects of torch and the clients are not walked
+        # again at every full collection (decoding cost 10 us a record with them, 1 without).
+        gc.freeze()
+        # The pull-ahead, feed and commit threads each hold the interpreter lock only briefly
+        # between waits; at the default 5 ms switch interval each waits up to 5 ms for it while
+        # the training thread computes, so a pull ahead would come back late.
+        sys.setswitchinterval(0.001)
         log.info("trainer %s: model %s on %s, %d shards, delivery %s", self.trainer_id,
                  config.model.factory, self.device, self.shards, config.train.delivery)
 
     def _loop(self, stop: threading.Event, max_tasks: int | None) -> None:
-        task: ClaimedTask | None = None
+        feed = TaskFeed(self._next_task, self.reader, self._chunk_records, max_tasks).start()
         done = 0
-        while not stop.is_set() and (max_tasks is None or done < max_tasks):
-            if task is None:
-                try:
-                    task = self._next_task()
-                except CoordinationError as exc:
-                    log.warning("trainer %s: %s; retrying", self.trainer_id, exc)
-                    stop.wait(1.0)
+        try:
+            while not stop.is_set() and (max_tasks is None or done < max_tasks):
+                chunk = feed.first(timeout=0.2)
+                if chunk is None:
+                    self.committer.wait()  # nothing to train meanwhile: let the last task end
                     continue
-                if task is None:
-                    stop.wait(0.2)
-                    continue
-            self._task = task
-            try:
-                metrics = self.train_task(task, stop)
+                self._train_fed(feed, chunk, stop)
                 done += 1
-                more = not stop.is_set() and (max_tasks is None or done < max_tasks) and not self._paused()
-                task = self.tasks.complete(self._task, claim_next=more)
-                self.stats.tasks += 1
-                self.obs.task_ended("done")
-                log.debug("task done: %d examples, loss %s", metrics.examples,
-                          metrics.loss_sum / max(metrics.examples, 1))
-            except (_Stopped, ParamsUnavailableError) as exc:
-                if isinstance(exc, ParamsUnavailableError):
-                    log.warning("trainer %s: %s; giving the task back", self.trainer_id, exc)
-                    stop.wait(exc.retry_after)
-                self.delivery.discard()
-                self.obs.task_ended("released")
-                self._quietly(lambda t=self._task: self.tasks.release(t))
-                task = None
-            except TaskLostError as exc:
-                log.warning("trainer %s: %s", self.trainer_id, exc)
-                self.delivery.discard()
-                self.stats.lost_tasks += 1
-                self.obs.task_ended("lost")
-                task = None
-            except CoordinationError as exc:
-                # etcd unreachable for a moment (or this process was frozen past a call's
-                # deadline): drop the task; it times out and is requeued if it was still ours.
-                log.warning("trainer %s: %s; dropping the task in hand", self.trainer_id, exc)
-                self.delivery.discard()
-                self.stats.lost_tasks += 1
-                task = None
-                stop.wait(1.0)
-            except (RangeReadError, DeliveryError) as exc:
-                log.warning("trainer %s: task %s failed: %s", self.trainer_id, task.task_id, exc)
-                self.delivery.discard()
-                self.stats.failed_tasks += 1
-                self.obs.task_ended("failed")
-                self._quietly(lambda t=self._task, e=exc: self.tasks.fail(t, str(e)))
-                task = None
-        if task is not None:  # claimed with the last completion, then told to stop
-            self._quietly(lambda t=task: self.tasks.release(t))
+        finally:
+            unbegun = feed.close()
+            if unbegun is not None:
+                self._quietly(lambda: self.tasks.release(unbegun))
+
+    def _train_fed(self, feed: TaskFeed, first: Chunk, stop: threading.Event) -> None:
+        """Train one task from the feed and hand its end to the committer; a task lost, failed
+        or given back ends here."""
+        self._task = first.task
+        try:
+            metrics = self.train_task(feed, first, stop)
+            self.committer.end(self._task, self.delivery.take(), metrics)
+            return
+        except _Stopped:
+            ending = "released"
+        except ParamsUnavailableError as exc:
+            log.warning("trainer %s: %s; giving the task back", self.trainer_id, exc)
+            stop.wait(exc.retry_after)
+            ending = "released"
+        except TaskLostError as exc:
+            log.warning("trainer %s: %s", self.trainer_id, exc)
+            ending = "lost"
+        except CoordinationError as exc:
+            # etcd unreachable for a moment (or this process was frozen past a call's
+            # deadline): drop the task; it times out and is requeued if it was still ours.
+            log.warning("trainer %s: %s; dropping the task in hand", self.trainer_id, exc)
+            stop.wait(1.0)
+            ending = "lost"
+        except (RangeReadError, DeliveryError) as exc:
+            log.warning("trainer %s: task %s failed: %s", self.trainer_id, first.task.task_id, exc)
+            self._quietly(lambda t=self._task, e=exc: self.tasks.fail(t, str(e)))
+            ending = "failed"
+        self.delivery.discard()
+        self._cancel_ahead()
+        feed.abandon(self._fed)
+        if ending == "released":
+            self._quietly(lambda t=self._task: self.tasks.release(t))
+        elif ending == "lost":
+            self.stats.lost_tasks += 1
+        else:
+            self.stats.failed_tasks += 1
+        self.obs.task_ended(ending)
+
+    def _ended(self, ended: Ended) -> None:
+        """A task ended in the background (trainer/committer.py)."""
+        metrics = ended.metrics
+        if ended.ending == "done":
+            self.stats.tasks += 1
+            self.obs.task_ended("done")
+            self.obs.task_committed(metrics.loss_sum / metrics.examples if metrics.examples else None,
+                                    metrics.auc(), metrics.max_event_time_ms, time.time())
+            return
+        log.warning("trainer %s: task %s %s: %s", self.trainer_id, ended.task.task_id, ended.ending, ended.reason)
+        if ended.ending == "lost":
+            self.stats.lost_tasks += 1
+        else:
+            self.stats.failed_tasks += 1
+        self.obs.task_ended(ended.ending)
 
     def _next_task(self) -> ClaimedTask | None:
         if self.lease.lost.is_set():
@@ -226,38 +271,49 @@ class Trainer:
             pass
 
     # -- one task ------------------------------------------------------------------------
-    def train_task(self, task: ClaimedTask, stop: threading.Event) -> TaskMetrics:
-        record = task.record
-        metrics = TaskMetrics(task.task_id, self.trainer_id, record.attempt)
-        self._task, self._metrics = task, metrics
+    def train_task(self, feed: TaskFeed, first: Chunk, stop: threading.Event) -> TaskMetrics:
+        """Train the task of `first`, reading the rest of its records from `feed`; its last
+        messages stay in `self.delivery` for the committer."""
+        task = self._task = first.task
+        metrics = self._metrics = TaskMetrics(task.task_id, self.trainer_id, task.record.attempt)
         self._seq = self._group_batches = self._group_examples = self._since_commit = 0
-        self._heartbeat_at = time.monotonic()
+        self._heartbeat_at = first.claimed_at
+        if time.monotonic() - self._heartbeat_at > self.config.tasks.timeout_s / 3:
+            self._heartbeat()  # it waited in the feed: still ours?
         self.model.zero_grad(set_to_none=True)
         self.buffer.clear()
         self._batcher = MiniBatches(self.config.model.batch_size)
-        chunk = []
-        for msg in self.reader.read(record.topic, record.partition, record.start, record.end):
-            if stop.is_set():
-                raise _Stopped()
-            chunk.append(msg)
-            if len(chunk) == self._chunk_records:
-                self._train_records(chunk)
-                chunk = []
-        self._train_records(chunk)
-        last = self._batcher.rest()
-        if last is not None:
-            self._train_batch(last)
+        batches = self._mini_batches(feed, first, stop)
+        batch = next(batches, None)
+        while batch is not None:
+            following = next(batches, None)
+            self._train_batch(batch, following if self._pull_ahead else None)
+            batch = following
         if self._group_batches:
             self._push()
         self.delivery.add(self.topics.metrics, metrics.to_json(), task.task_id.encode())
-        self._commit()
-        self.obs.task_committed(metrics.loss_sum / metrics.examples if metrics.examples else None,
-                                metrics.auc(), metrics.max_event_time_ms, time.time())
         return metrics
 
-    def _train_records(self, msgs: list) -> None:
-        """Decode and featurize a chunk of records at once, then train its mini-batches: always
-        `batch_size` good examples in offset order, so push groups do not depend on chunking."""
+    def _mini_batches(self, feed: TaskFeed, first: Chunk, stop: threading.Event) -> Iterator[Batch]:
+        """The task's mini-batches: always `batch_size` good examples in offset order (the
+        last one shorter), so push groups depend neither on chunking nor on look-ahead."""
+        chunk = self._fed = first
+        while True:
+            if chunk.error is not None:
+                raise chunk.error
+            if stop.is_set():
+                raise _Stopped()
+            yield from self._decode(chunk.records)
+            if chunk.last:
+                break
+            chunk = self._fed = feed.more()
+        last = self._batcher.rest()
+        if last is not None:
+            yield last
+
+    def _decode(self, msgs: list) -> Iterator[Batch]:
+        """Decode and featurize a chunk of records at once (bad ones dead-lettered), then cut
+        its mini-batches."""
         if not msgs:
             return
         decoded = self.decoder.decode([m.value() for m in msgs])
@@ -267,11 +323,7 @@ class Trainer:
             return
         block = self.featurizer.featurize(decoded.columns)
         self._metrics.max_event_time_ms = max(self._metrics.max_event_time_ms, int(block.event_time_ms.max()))
-        batches = list(self._batcher.feed(block))
-        ahead = None
-        for i, batch in enumerate(batches):
-            following = batches[i + 1] if self._pull_ahead and i + 1 < len(batches) else None
-            ahead = self._train_batch(batch, ahead, following)
+        yield from self._batcher.feed(block)
 
     def _dead_letter(self, msg, reason: str) -> None:
         self._metrics.bad_records += 1
@@ -283,20 +335,30 @@ class Trainer:
         self.delivery.add(self.topics.dlq, letter.to_json(),
                           f"{msg.topic()}:{msg.partition()}:{msg.offset()}".encode())
 
-    def _fetch(self, batch: Batch, number: int) -> tuple[np.ndarray, np.ndarray, Fetched]:
+    def _send_pull(self, batch: Batch, number: int) -> _Ahead:
         unique, inverse = np.unique(batch.ids, return_inverse=True)
-        fetched = self.sync.fetch(self.model.tables, unique, dense=number % self.config.train.pull_every == 0)
-        return unique, inverse, fetched
+        pending = self.sync.send(self.model.tables, unique, dense=number % self.config.train.pull_every == 0)
+        return _Ahead(batch, unique, inverse, pending)
 
-    def _train_batch(self, batch: Batch, ahead: Future | None = None, following: Batch | None = None
-                     ) -> Future | None:
-        """Train one mini-batch; `ahead` holds its parameters if they were fetched while the
-        previous one trained, and `following`'s are fetched while this one trains."""
+    def _cancel_ahead(self) -> None:
+        if self._ahead is not None:
+            self._ahead.pending.cancel()
+            self._ahead = None
+
+    def _train_batch(self, batch: Batch, following: Batch | None = None) -> None:
+        """Train one mini-batch. `following`'s pull is sent before this one computes and read
+        when it trains (Redis answers meanwhile)."""
         metrics = self._metrics
         started = time.perf_counter()
-        unique, inverse, fetched = ahead.result() if ahead is not None else self._fetch(batch, self._batches)
-        tables = self.sync.load(fetched)
-        nxt = None if following is None else self._prefetcher.submit(self._fetch, following, self._batches + 1)
+        ahead, self._ahead = self._ahead, None
+        if ahead is None or ahead.batch is not batch:
+            if ahead is not None:
+                ahead.pending.cancel()
+            ahead = self._send_pull(batch, self._batches)
+        unique, inverse = ahead.unique, ahead.inverse
+        tables = self.sync.load(ahead.pending.result())
+        if following is not None:
+            self._ahead = self._send_pull(following, self._batches + 1)
         self._batches += 1
         pulled = time.perf_counter()
         metrics.pull_s += pulled - started
@@ -326,7 +388,6 @@ class Trainer:
         self.stats.examples += batch.size
         if self._group_batches == self.config.train.push_every:
             self._push()
-        return nxt
 
     def _to(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.device.type == "cuda":
@@ -363,7 +424,7 @@ class Trainer:
         """Check the task is still ours (a zombie learns here that it was requeued), then commit."""
         self._heartbeat()
         started = time.perf_counter()
-        self.delivery.commit()
+        self.committer.commit(self.delivery.take())
         self._since_commit = 0
         elapsed = time.perf_counter() - started
         self._metrics.push_s += elapsed

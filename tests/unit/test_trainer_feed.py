@@ -1,0 +1,138 @@
+"""The task feed's hand-over logic, with an in-memory range reader (the Kafka read itself is
+covered by the integration tests): chunks in order, one task claimed ahead at most, a task
+given up mid-read is read no further, an unbegun task is handed back on close."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from master.tasks import ClaimedTask
+from schemas import TaskRecord
+from trainer.feed import TaskFeed
+from trainer.reader import RangeReadError
+
+
+class Ranges:
+    """Offsets as records; `fail_at` raises RangeReadError when reading reaches it."""
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        self.read_upto: dict[int, int] = {}
+        self.fail_at = fail_at
+
+    def read(self, topic: str, partition: int, start: int, end: int):
+        for offset in range(start, end):
+            if offset == self.fail_at:
+                raise RangeReadError(f"broken at {offset}")
+            self.read_upto[partition] = offset
+            yield offset
+
+
+class Tasks:
+    def __init__(self, count: int, size: int) -> None:
+        self.todo = [ClaimedTask(TaskRecord.for_range("t", p, 0, size), b"") for p in range(count)]
+        self.claimed: list[str] = []
+
+    def claim(self) -> ClaimedTask | None:
+        if not self.todo:
+            return None
+        task = self.todo.pop(0)
+        self.claimed.append(task.task_id)
+        return task
+
+
+def wait_until(condition, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_chunks_come_in_order_and_the_feed_claims_one_task_ahead_at_most() -> None:
+    tasks = Tasks(count=4, size=25)
+    feed = TaskFeed(tasks.claim, Ranges(), chunk_records=10).start()
+    try:
+        time.sleep(0.2)
+        assert tasks.claimed == [tasks.claimed[0]]  # nothing begun yet: one task fed, no more
+        first = feed.first(timeout=5)
+        got = [first.records]
+        chunk = first
+        while not chunk.last:
+            chunk = feed.more()
+            assert chunk.task == first.task
+            got.append(chunk.records)
+        assert got == [list(range(10)), list(range(10, 20)), list(range(20, 25))]
+        wait_until(lambda: len(tasks.claimed) == 2)  # the first begun: the second claimed
+        time.sleep(0.2)
+        assert len(tasks.claimed) == 2
+    finally:
+        feed.close()
+
+
+def test_a_task_given_up_is_read_no_further_and_the_next_one_follows() -> None:
+    tasks = Tasks(count=2, size=10_000)
+    ranges = Ranges()
+    feed = TaskFeed(tasks.claim, ranges, chunk_records=10, chunks_ahead=2).start()
+    try:
+        first = feed.first(timeout=5)
+        feed.abandon(first)
+        second = feed.first(timeout=5)
+        assert second.task != first.task and second.records[:3] == [0, 1, 2]
+        assert ranges.read_upto[first.task.record.partition] < 100
+    finally:
+        feed.close()
+
+
+def test_a_read_error_ends_its_task_with_the_error() -> None:
+    feed = TaskFeed(Tasks(count=1, size=30).claim, Ranges(fail_at=15), chunk_records=10).start()
+    try:
+        first = feed.first(timeout=5)
+        assert first.records == list(range(10)) and not first.last
+        rest = feed.more()
+        assert rest.last and rest.records == [10, 11, 12, 13, 14]
+        assert isinstance(rest.error, RangeReadError)
+    finally:
+        feed.close()
+
+
+def test_close_hands_back_the_task_claimed_and_not_begun() -> None:
+    tasks = Tasks(count=3, size=5)
+    feed = TaskFeed(tasks.claim, Ranges(), chunk_records=10, max_tasks=2).start()
+    first = feed.first(timeout=5)
+    wait_until(lambda: len(tasks.claimed) == 2)
+    unbegun = feed.close()
+    assert first.task.task_id == tasks.claimed[0]
+    assert unbegun is not None and unbegun.task_id == tasks.claimed[1]
+    assert len(tasks.claimed) == 2  # max_tasks: no third claim
+
+
+def test_a_crashed_feed_is_reported_to_the_trainer() -> None:
+    def claim() -> ClaimedTask:
+        raise ValueError("bug")
+
+    feed = TaskFeed(claim, Ranges(), chunk_records=10).start()
+    try:
+        wait_until(lambda: not feed._thread.is_alive())
+        try:
+            feed.first(timeout=0.05)
+        except RuntimeError as exc:
+            assert isinstance(exc.__cause__, ValueError)
+        else:
+            raise AssertionError("the crash was not reported")
+    finally:
+        feed.close()
+
+
+def test_nothing_to_claim_waits_quietly() -> None:
+    calls = threading.Event()
+
+    def claim() -> None:
+        calls.set()
+        return None
+
+    feed = TaskFeed(claim, Ranges(), chunk_records=10).start()
+    try:
+        assert feed.first(timeout=0.3) is None
+        assert calls.is_set()
+    finally:
+        assert feed.close() is None

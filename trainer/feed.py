@@ -1,0 +1,160 @@
+"""Tasks and their records ahead of training: a thread claims the next task and reads its
+range from Kafka while the trainer trains the one before.
+
+Claiming is a round trip to etcd and reading a range waits on the broker's fetches; done in
+line, the trainer sits idle for both at every task. The feed holds at most one task the
+trainer has not begun (so a trainer never hoards the tail of a bounded input), hands records
+over in chunks through a short queue (so a large task is never all in memory), and claims
+nothing while the job is paused. Tasks it claimed that the trainer never began are handed
+back by `close`, for the trainer to release.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from contextlib import closing
+from dataclasses import dataclass, field
+
+from confluent_kafka import Message
+
+from master.errors import CoordinationError
+from master.tasks import ClaimedTask
+from trainer.reader import RangeReader
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Records of one task in offset order; `last` ends the task (possibly with `error`)."""
+
+    task: ClaimedTask
+    claimed_at: float  # time.monotonic() of the claim
+    records: list[Message] = field(default_factory=list)
+    last: bool = False
+    error: Exception | None = None  # the range could not be read (RangeReadError) or worse
+
+
+class TaskFeed:
+    def __init__(self, claim: Callable[[], ClaimedTask | None], reader: RangeReader, chunk_records: int,
+                 max_tasks: int | None = None, chunks_ahead: int = 4) -> None:
+        self._claim = claim
+        self._reader = reader
+        self._chunk_records = chunk_records
+        self._max_tasks = max_tasks
+        self._chunks: queue.Queue[Chunk] = queue.Queue(chunks_ahead)
+        self._begun = threading.Semaphore(1)  # released when the trainer begins the fed task
+        self._closing = threading.Event()
+        self._abandoned: str | None = None  # task id the trainer gave up: stop reading it
+        self._unbegun: ClaimedTask | None = None  # claimed, first chunk not yet taken
+        self._crashed: BaseException | None = None
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="task-feed", daemon=True)
+
+    def start(self) -> TaskFeed:
+        self._thread.start()
+        return self
+
+    # -- the trainer's side --------------------------------------------------------------
+    def first(self, timeout: float) -> Chunk | None:
+        """The first chunk of the next task, or None if none came within `timeout`."""
+        try:
+            chunk = self._chunks.get(timeout=timeout)
+        except queue.Empty:
+            if self._crashed is not None:
+                raise RuntimeError("the task feed stopped") from self._crashed
+            return None
+        with self._lock:
+            self._unbegun = None
+        self._begun.release()
+        return chunk
+
+    def more(self) -> Chunk:
+        """The next chunk of the task begun (blocks while the feed reads it)."""
+        return self._chunks.get()
+
+    def abandon(self, chunk: Chunk) -> None:
+        """The trainer gives up the task of `chunk` (lost, failed, released): drop the rest of
+        its records, reading no more of them."""
+        self._abandoned = chunk.task.task_id
+        while not chunk.last:
+            chunk = self._chunks.get()
+        self._abandoned = None  # the feed is past that task now
+
+    def close(self) -> ClaimedTask | None:
+        """Stop; returns the task claimed that the trainer never began, if any."""
+        self._closing.set()
+        while self._thread.is_alive():
+            try:  # unblock a feed waiting for room in the queue
+                self._chunks.get_nowait()
+            except queue.Empty:
+                pass
+            self._thread.join(0.05)
+        with self._lock:
+            return self._unbegun
+
+    # -- the feed's thread ---------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._claim_and_read()
+        except BaseException as exc:  # surfaced to the trainer by `first`
+            log.exception("task feed stopped")
+            self._crashed = exc
+
+    def _claim_and_read(self) -> None:
+        claimed = 0
+        while not self._closing.is_set() and (self._max_tasks is None or claimed < self._max_tasks):
+            # At most one task fed and not begun.
+            if not self._begun.acquire(timeout=0.1):
+                continue
+            task = self._claim_next()
+            if task is None:
+                self._begun.release()
+                continue
+            claimed += 1
+            self._feed(task, time.monotonic())
+
+    def _claim_next(self) -> ClaimedTask | None:
+        try:
+            task = self._claim()
+        except CoordinationError as exc:
+            log.warning("task feed: %s; retrying", exc)
+            self._closing.wait(1.0)
+            return None
+        if task is None:
+            self._closing.wait(0.2)
+            return None
+        with self._lock:
+            self._unbegun = task
+        return task
+
+    def _feed(self, task: ClaimedTask, claimed_at: float) -> None:
+        record = task.record
+        records: list[Message] = []
+        try:
+            with closing(self._reader.read(record.topic, record.partition, record.start, record.end)) as read:
+                for msg in read:
+                    records.append(msg)
+                    if len(records) == self._chunk_records:
+                        if not self._put(Chunk(task, claimed_at, records)):
+                            return
+                        records = []
+                        if self._abandoned == task.task_id:
+                            break
+        except Exception as exc:  # RangeReadError fails the task; anything else stops the trainer
+            self._put(Chunk(task, claimed_at, records, last=True, error=exc))
+            return
+        self._put(Chunk(task, claimed_at, records, last=True))
+
+    def _put(self, chunk: Chunk) -> bool:
+        while not self._closing.is_set():
+            try:
+                self._chunks.put(chunk, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
