@@ -12,6 +12,7 @@ commit without holding more than a couple of tasks back from other trainers.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,6 +33,7 @@ class Ended:
     metrics: TaskMetrics
     ending: Ending
     reason: str = ""
+    commit_s: float | None = None  # the last commit's duration, when it ran
 
 
 class Committer:
@@ -70,9 +72,11 @@ class Committer:
         try:
             # A zombie learns here that its task was requeued, before making anything visible.
             task = self._tasks.heartbeat(task)
+            started = time.perf_counter()
             self._delivery.commit(messages)
+            committed = time.perf_counter() - started
             self._tasks.complete(task)
-            return Ended(task, metrics, "done")
+            return Ended(task, metrics, "done", commit_s=committed)
         except (TaskLostError, CoordinationError) as exc:
             # Not ours any more, or etcd unreachable for a moment (then it times out and is
             # requeued if it still was).

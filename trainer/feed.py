@@ -1,8 +1,9 @@
-"""Tasks and their records ahead of training: a thread claims the next task and reads its
-range from Kafka while the trainer trains the one before.
+"""Tasks and their records ahead of training: a thread claims the next task, reads its range
+from Kafka and prepares (decodes) its records while the trainer trains the one before.
 
 Claiming is a round trip to etcd and reading a range waits on the broker's fetches; done in
-line, the trainer sits idle for both at every task. The feed holds at most one task the
+line, the trainer sits idle for both at every task. Decoding here runs while the training
+thread is inside torch, which releases the interpreter lock. The feed holds at most one task the
 trainer has not begun (so a trainer never hoards the tail of a bounded input), hands records
 over in chunks through a short queue (so a large task is never all in memory), and claims
 nothing while the job is paused. Tasks it claimed that the trainer never began are handed
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import Message
 
@@ -35,15 +37,18 @@ class Chunk:
     task: ClaimedTask
     claimed_at: float  # time.monotonic() of the claim
     records: list[Message] = field(default_factory=list)
+    prepared: Any = None  # `prepare(records)`, when the feed was given `prepare`
     last: bool = False
     error: Exception | None = None  # the range could not be read (RangeReadError) or worse
 
 
 class TaskFeed:
     def __init__(self, claim: Callable[[], ClaimedTask | None], reader: RangeReader, chunk_records: int,
-                 max_tasks: int | None = None, chunks_ahead: int = 4) -> None:
+                 prepare: Callable[[list[Message]], Any] | None = None, max_tasks: int | None = None,
+                 chunks_ahead: int = 4) -> None:
         self._claim = claim
         self._reader = reader
+        self._prepare = prepare
         self._chunk_records = chunk_records
         self._max_tasks = max_tasks
         self._chunks: queue.Queue[Chunk] = queue.Queue(chunks_ahead)
@@ -140,15 +145,20 @@ class TaskFeed:
                 for msg in read:
                     records.append(msg)
                     if len(records) == self._chunk_records:
-                        if not self._put(Chunk(task, claimed_at, records)):
+                        if not self._put(self._chunk(task, claimed_at, records)):
                             return
                         records = []
                         if self._abandoned == task.task_id:
                             break
+            last = self._chunk(task, claimed_at, records, last=True)
         except Exception as exc:  # RangeReadError fails the task; anything else stops the trainer
             self._put(Chunk(task, claimed_at, records, last=True, error=exc))
             return
-        self._put(Chunk(task, claimed_at, records, last=True))
+        self._put(last)
+
+    def _chunk(self, task: ClaimedTask, claimed_at: float, records: list[Message], last: bool = False) -> Chunk:
+        prepared = self._prepare(records) if self._prepare is not None else None
+        return Chunk(task, claimed_at, records, prepared, last)
 
     def _put(self, chunk: Chunk) -> bool:
         while not self._closing.is_set():

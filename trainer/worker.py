@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+from confluent_kafka import Message
 import torch
 import torch.nn.functional as F
 
@@ -54,6 +55,12 @@ log = logging.getLogger(__name__)
 
 class _Stopped(Exception):
     """Stop was requested mid-task: the task is released, not failed."""
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    block: Batch | None  # the chunk's good records, featurized
+    bad: list[tuple[Message, str]]  # (record, why it is bad)
 
 
 @dataclass(frozen=True)
@@ -183,7 +190,7 @@ class Trainer:
                  config.model.factory, self.device, self.shards, config.train.delivery)
 
     def _loop(self, stop: threading.Event, max_tasks: int | None) -> None:
-        feed = TaskFeed(self._next_task, self.reader, self._chunk_records, max_tasks).start()
+        feed = TaskFeed(self._next_task, self.reader, self._chunk_records, self._prepare, max_tasks).start()
         done = 0
         try:
             while not stop.is_set() and (max_tasks is None or done < max_tasks):
@@ -239,6 +246,8 @@ class Trainer:
     def _ended(self, ended: Ended) -> None:
         """A task ended in the background (trainer/committer.py)."""
         metrics = ended.metrics
+        if ended.commit_s is not None:
+            self.obs.commit_seconds.observe(ended.commit_s)
         if ended.ending == "done":
             self.stats.tasks += 1
             self.obs.task_ended("done")
@@ -303,7 +312,7 @@ class Trainer:
                 raise chunk.error
             if stop.is_set():
                 raise _Stopped()
-            yield from self._decode(chunk.records)
+            yield from self._cut(chunk.prepared)
             if chunk.last:
                 break
             chunk = self._fed = feed.more()
@@ -311,19 +320,24 @@ class Trainer:
         if last is not None:
             yield last
 
-    def _decode(self, msgs: list) -> Iterator[Batch]:
-        """Decode and featurize a chunk of records at once (bad ones dead-lettered), then cut
-        its mini-batches."""
+    def _prepare(self, msgs: list) -> _Prepared:
+        """Decode and featurize a chunk of records at once. Runs on the feed's thread: it
+        touches nothing the training thread uses."""
         if not msgs:
-            return
+            return _Prepared(None, [])
         decoded = self.decoder.decode([m.value() for m in msgs])
-        for i, reason in decoded.bad:
-            self._dead_letter(msgs[i], reason)
-        if not len(decoded.columns):
+        bad = [(msgs[i], reason) for i, reason in decoded.bad]
+        return _Prepared(self.featurizer.featurize(decoded.columns) if len(decoded.columns) else None, bad)
+
+    def _cut(self, prepared: _Prepared) -> Iterator[Batch]:
+        """Dead-letter a prepared chunk's bad records, then cut its mini-batches."""
+        for msg, reason in prepared.bad:
+            self._dead_letter(msg, reason)
+        if prepared.block is None:
             return
-        block = self.featurizer.featurize(decoded.columns)
-        self._metrics.max_event_time_ms = max(self._metrics.max_event_time_ms, int(block.event_time_ms.max()))
-        yield from self._batcher.feed(block)
+        self._metrics.max_event_time_ms = max(self._metrics.max_event_time_ms,
+                                              int(prepared.block.event_time_ms.max()))
+        yield from self._batcher.feed(prepared.block)
 
     def _dead_letter(self, msg, reason: str) -> None:
         self._metrics.bad_records += 1
