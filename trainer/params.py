@@ -82,13 +82,9 @@ class ParamSync:
     def pull_rows(self, table: str, ids: np.ndarray, dim: int) -> np.ndarray:
         return self._retrying(lambda: self.client.pull_rows(table, ids, dim).values)
 
-    def fetch(self, tables: dict[str, int], ids: np.ndarray, dense: bool) -> Fetched:
-        """The rows of `ids` in every table ({name: dim}), and the dense blocks if `dense`, in
-        one round trip."""
-        return self.send(tables, ids, dense).result()
-
     def send(self, tables: dict[str, int], ids: np.ndarray, dense: bool) -> PendingFetch:
-        """`fetch`, its requests sent now and its replies read by `PendingFetch.result`."""
+        """The rows of `ids` in every table ({name: dim}), and the dense blocks if `dense`, in
+        one round trip: the requests are sent now, the replies read by `PendingFetch.result`."""
         keys = [(b.param, b.block) for b in self.layout.blocks] if dense else []
         request = ({name: (ids, dim) for name, dim in tables.items()}, keys)
         return PendingFetch(self, request, dense, self.client.send_pull(*request))
@@ -117,6 +113,8 @@ class ParamSync:
 
 
 class PendingFetch:
+    """A `ParamSync.send` on the wire."""
+
     def __init__(self, sync: ParamSync, request: tuple, dense: bool, pending: PendingPull) -> None:
         self._sync = sync
         self._request = request

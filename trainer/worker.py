@@ -24,9 +24,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
-from confluent_kafka import Message
 import torch
 import torch.nn.functional as F
+from confluent_kafka import Message
 
 from infra import Endpoints
 from infra.clients import TopicSpec, ensure_topics, redis_client
@@ -41,9 +41,9 @@ from schemas import DeadLetter, EtcdKeys, Topics
 from streamtrain.observability import TrainerMetrics
 from trainer.committer import Committer, Ended
 from trainer.decoders import ChunkDecoder
-from trainer.feed import Chunk, TaskFeed
 from trainer.delivery import AtLeastOnceDelivery, DeliveryError, TransactionalDelivery
 from trainer.features import Batch, Featurizer, MiniBatches, pool
+from trainer.feed import Chunk, TaskFeed
 from trainer.metrics import TaskMetrics
 from trainer.models import ModelSpec
 from trainer.params import DenseLayout, GradientBuffer, ParamSync, PendingFetch
@@ -182,9 +182,9 @@ class Trainer:
         # often; frozen, the ~200k long-lived objects of torch and the clients are not walked
         # again at every full collection (decoding cost 10 us a record with them, 1 without).
         gc.freeze()
-        # The pull-ahead, feed and commit threads each hold the interpreter lock only briefly
-        # between waits; at the default 5 ms switch interval each waits up to 5 ms for it while
-        # the training thread computes, so a pull ahead would come back late.
+        # The feed and commit threads, and the reads of pulls sent ahead, take the interpreter
+        # lock for short spells between waits; at the default 5 ms switch interval each spell
+        # can wait 5 ms for the training thread to let go of it.
         sys.setswitchinterval(0.001)
         log.info("trainer %s: model %s on %s, %d shards, delivery %s", self.trainer_id,
                  config.model.factory, self.device, self.shards, config.train.delivery)
