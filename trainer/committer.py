@@ -37,8 +37,8 @@ class Ended:
 
 
 class Committer:
-    """`on_ended` hears how each task ended, in the thread that calls `commit`, `end`, `wait`
-    or `close` (the trainer's), never in the committer's own."""
+    """`on_ended` hears how each task ended, on the committer's thread, as soon as it has (a
+    task's metrics must not lag its completion in etcd)."""
 
     def __init__(self, delivery: Delivery, tasks: TaskClient, on_ended: Callable[[Ended], None],
                  depth: int = 2) -> None:
@@ -47,7 +47,7 @@ class Committer:
         self._on_ended = on_ended
         self._depth = depth
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="commit")
-        self._ending: deque[Future[Ended]] = deque()
+        self._ending: deque[Future[None]] = deque()
 
     def commit(self, messages: Messages) -> None:
         """Commit now, once every task ending in the background has. Raises DeliveryError."""
@@ -64,11 +64,16 @@ class Committer:
         self._settle(0)
 
     def _settle(self, pending: int) -> None:
-        """Until at most `pending` tasks are still ending; reports those that ended."""
+        """Until at most `pending` tasks are still ending; raises what an ending raised that
+        it does not handle (a bug, not an outcome)."""
         while self._ending and (len(self._ending) > pending or self._ending[0].done()):
-            self._on_ended(self._ending.popleft().result())
+            self._ending.popleft().result()
 
-    def _end(self, task: ClaimedTask, messages: Messages, metrics: TaskMetrics) -> Ended:
+    def _end(self, task: ClaimedTask, messages: Messages, metrics: TaskMetrics) -> None:
+        ended = self._ended(task, messages, metrics)
+        self._on_ended(ended)
+
+    def _ended(self, task: ClaimedTask, messages: Messages, metrics: TaskMetrics) -> Ended:
         try:
             # A zombie learns here that its task was requeued, before making anything visible.
             task = self._tasks.heartbeat(task)

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -103,6 +103,17 @@ class TrainerStats:
     bad_records: int = 0
     lost_tasks: int = 0
     failed_tasks: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def ended(self, ending: str) -> None:
+        """One more task ended so; the training thread and the committer's both count."""
+        with self._lock:
+            if ending == "done":
+                self.tasks += 1
+            elif ending == "lost":
+                self.lost_tasks += 1
+            elif ending == "failed":
+                self.failed_tasks += 1
 
 
 class Trainer:
@@ -196,7 +207,6 @@ class Trainer:
             while not stop.is_set() and (max_tasks is None or done < max_tasks):
                 chunk = feed.first(timeout=0.2)
                 if chunk is None:
-                    self.committer.wait()  # nothing to train meanwhile: let the last task end
                     continue
                 self._train_fed(feed, chunk, stop)
                 done += 1
@@ -237,28 +247,22 @@ class Trainer:
         feed.abandon(self._fed)
         if ending == "released":
             self._quietly(lambda t=self._task: self.tasks.release(t))
-        elif ending == "lost":
-            self.stats.lost_tasks += 1
-        else:
-            self.stats.failed_tasks += 1
+        self.stats.ended(ending)
         self.obs.task_ended(ending)
 
     def _ended(self, ended: Ended) -> None:
-        """A task ended in the background (trainer/committer.py)."""
+        """A task ended in the background: runs on the committer's thread as soon as it has,
+        so the metrics agree with etcd (trainer/committer.py)."""
         metrics = ended.metrics
         if ended.commit_s is not None:
             self.obs.commit_seconds.observe(ended.commit_s)
         if ended.ending == "done":
-            self.stats.tasks += 1
-            self.obs.task_ended("done")
             self.obs.task_committed(metrics.loss_sum / metrics.examples if metrics.examples else None,
                                     metrics.auc(), metrics.max_event_time_ms, time.time())
-            return
-        log.warning("trainer %s: task %s %s: %s", self.trainer_id, ended.task.task_id, ended.ending, ended.reason)
-        if ended.ending == "lost":
-            self.stats.lost_tasks += 1
         else:
-            self.stats.failed_tasks += 1
+            log.warning("trainer %s: task %s %s: %s", self.trainer_id, ended.task.task_id, ended.ending,
+                        ended.reason)
+        self.stats.ended(ended.ending)
         self.obs.task_ended(ended.ending)
 
     def _next_task(self) -> ClaimedTask | None:
