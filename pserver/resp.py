@@ -18,14 +18,8 @@ _POW10 = np.array([10**k for k in range(20)], dtype=np.uint64)
 def _digits(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """ASCII decimal digits of uint64 `x`, right-aligned in (n, width), and which are real."""
     width = len(str(int(x.max()))) if len(x) else 1
-    ndigits = np.ones(len(x), dtype=np.int64)
-    for k in range(1, width):
-        ndigits += x >= _POW10[k]
-    out = np.empty((len(x), width), dtype=np.uint8)
-    rest = x.copy()
-    for c in range(width - 1, -1, -1):
-        out[:, c] = rest % np.uint64(10)
-        rest //= np.uint64(10)
+    ndigits = np.searchsorted(_POW10[1:width], x, side="right") + 1
+    out = (x[:, None] // _POW10[width - 1::-1] % np.uint64(10)).astype(np.uint8)
     out += ord("0")
     return out, np.arange(width) >= (width - ndigits)[:, None]
 

@@ -163,14 +163,18 @@ class ParamClient:
         ({table: values}, {block: values}, {shard: version}), as `pull_rows` and `pull_blocks`."""
         return self.send_pull(rows, blocks).result()
 
-    def send_pull(self, rows: Mapping[str, tuple[np.ndarray, int]], blocks: Sequence[tuple[str, int]]
-                  ) -> PendingPull:
+    def send_pull(self, rows: Mapping[str, tuple[np.ndarray, int]], blocks: Sequence[tuple[str, int]],
+                  row_shards: Mapping[str, np.ndarray] | None = None) -> PendingPull:
         """Send `pull`'s requests now and read the replies later (`PendingPull.result`): the
-        caller computes while Redis answers, without a thread to hand the work over."""
+        caller computes while Redis answers, without a thread to hand the work over.
+        `row_shards`: per table, each id's `SlotMap.shard_of_rows`, if the caller has them."""
         rows = {table: (np.asarray(ids, dtype=np.uint64), dim) for table, (ids, dim) in rows.items()}
         shards = set()
         for table, (ids, _) in rows.items():
-            shards.update(self.slot_map.shard_of_rows(table, ids).tolist())
+            owners = row_shards.get(table) if row_shards is not None else None
+            if owners is None:
+                owners = self.slot_map.shard_of_rows(table, ids)
+            shards.update(np.flatnonzero(np.bincount(owners)).tolist())
         shards.update(map(self._block_shard, blocks))
         shards = sorted(shards)
         pool = self._redis.connection_pool

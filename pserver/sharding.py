@@ -54,6 +54,7 @@ class SlotMap:
         if min(self.owners) < 0:
             raise ValueError("slot map: negative shard index")
         object.__setattr__(self, "_owners", np.asarray(self.owners, dtype=np.int32))
+        object.__setattr__(self, "_shards", max(self.owners) + 1)
 
     @classmethod
     def uniform(cls, slots: int, shards: int) -> SlotMap:
@@ -68,7 +69,7 @@ class SlotMap:
 
     @property
     def shards(self) -> int:
-        return max(self.owners) + 1
+        return self._shards
 
     def slots_of(self, shard: int) -> tuple[int, ...]:
         return tuple(s for s, owner in enumerate(self.owners) if owner == shard)
@@ -83,9 +84,12 @@ class SlotMap:
         h = mix64(np.array([block], dtype=np.uint64) ^ name_salt(param))
         return int(self._owners[int(h[0] % np.uint64(self.slots))])
 
-    def split_rows(self, table: str, ids: np.ndarray, values: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        """Rows grouped by owning shard, order kept within each group (one sort, no loop over rows)."""
-        shard = self.shard_of_rows(table, ids)
+    def split_rows(self, table: str, ids: np.ndarray, values: np.ndarray, shard: np.ndarray | None = None
+                   ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Rows grouped by owning shard, order kept within each group (one sort, no loop over
+        rows). `shard`: each row's `shard_of_rows`, when the caller has it already."""
+        if shard is None:
+            shard = self.shard_of_rows(table, ids)
         order = np.argsort(shard, kind="stable")
         bounds = np.searchsorted(shard[order], np.arange(self.shards + 1))
         return {s: (ids[order[a:b]], values[order[a:b]])

@@ -1,9 +1,8 @@
-"""Tasks and their records ahead of training: a thread claims the next task, reads its range
-from Kafka and prepares (decodes) its records while the trainer trains the one before.
+"""Tasks and their records ahead of training: a thread claims the next task and has its range
+read and decoded (trainer/loader.py) while the trainer trains the one before.
 
 Claiming is a round trip to etcd and reading a range waits on the broker's fetches; done in
-line, the trainer sits idle for both at every task. Decoding here runs while the training
-thread is inside torch, which releases the interpreter lock. The feed holds at most one task the
+line, the trainer sits idle for both at every task. The feed holds at most one task the
 trainer has not begun (so a trainer never hoards the tail of a bounded input), hands records
 over in chunks through a short queue (so a large task is never all in memory), and claims
 nothing while the job is paused. Tasks it claimed that the trainer never began are handed
@@ -16,40 +15,40 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import closing
-from dataclasses import dataclass, field
-from typing import Any
-
-from confluent_kafka import Message
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from master.errors import CoordinationError
 from master.tasks import ClaimedTask
-from trainer.reader import RangeReader
 
 log = logging.getLogger(__name__)
 
 
+class Source(Protocol):
+    def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[Any]:
+        """The range's records in chunks, in offset order (closed early if the task is
+        given up)."""
+
+
 @dataclass(frozen=True)
 class Chunk:
-    """Records of one task in offset order; `last` ends the task (possibly with `error`)."""
+    """Records of one task in offset order; a chunk with `last` set ends the task, with no
+    records, or with `error` if the range could not be read to its end."""
 
     task: ClaimedTask
     claimed_at: float  # time.monotonic() of the claim
-    records: list[Message] = field(default_factory=list)
-    prepared: Any = None  # `prepare(records)`, when the feed was given `prepare`
+    records: Any = None  # one chunk of the source's (a `trainer.loader.Loaded`)
     last: bool = False
     error: Exception | None = None  # the range could not be read (RangeReadError) or worse
 
 
 class TaskFeed:
-    def __init__(self, claim: Callable[[], ClaimedTask | None], reader: RangeReader, chunk_records: int,
-                 prepare: Callable[[list[Message]], Any] | None = None, max_tasks: int | None = None,
+    def __init__(self, claim: Callable[[], ClaimedTask | None], source: Source, max_tasks: int | None = None,
                  chunks_ahead: int = 4) -> None:
         self._claim = claim
-        self._reader = reader
-        self._prepare = prepare
-        self._chunk_records = chunk_records
+        self._source = source
         self._max_tasks = max_tasks
         self._chunks: queue.Queue[Chunk] = queue.Queue(chunks_ahead)
         self._begun = threading.Semaphore(1)  # released when the trainer begins the fed task
@@ -139,26 +138,17 @@ class TaskFeed:
 
     def _feed(self, task: ClaimedTask, claimed_at: float) -> None:
         record = task.record
-        records: list[Message] = []
         try:
-            with closing(self._reader.read(record.topic, record.partition, record.start, record.end)) as read:
-                for msg in read:
-                    records.append(msg)
-                    if len(records) == self._chunk_records:
-                        if not self._put(self._chunk(task, claimed_at, records)):
-                            return
-                        records = []
-                        if self._abandoned == task.task_id:
-                            break
-            last = self._chunk(task, claimed_at, records, last=True)
+            with closing(self._source.read(record.topic, record.partition, record.start, record.end)) as read:
+                for records in read:
+                    if not self._put(Chunk(task, claimed_at, records)):
+                        return
+                    if self._abandoned == task.task_id:
+                        break
         except Exception as exc:  # RangeReadError fails the task; anything else stops the trainer
-            self._put(Chunk(task, claimed_at, records, last=True, error=exc))
+            self._put(Chunk(task, claimed_at, last=True, error=exc))
             return
-        self._put(last)
-
-    def _chunk(self, task: ClaimedTask, claimed_at: float, records: list[Message], last: bool = False) -> Chunk:
-        prepared = self._prepare(records) if self._prepare is not None else None
-        return Chunk(task, claimed_at, records, prepared, last)
+        self._put(Chunk(task, claimed_at, last=True))
 
     def _put(self, chunk: Chunk) -> bool:
         while not self._closing.is_set():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -66,7 +66,8 @@ class TaskMetrics:
 
     def to_json(self) -> bytes:
         labels, scores = self._observed()
-        doc = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+        # Not `asdict`: it would deep-copy every batch's label and score arrays.
+        doc = {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
         doc.update(v=1, loss=self.loss_sum / self.examples if self.examples else None,
                    auc=auc(labels, scores), positives=int((labels > 0.5).sum()),
                    finished_at=time.time())

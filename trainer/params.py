@@ -82,12 +82,14 @@ class ParamSync:
     def pull_rows(self, table: str, ids: np.ndarray, dim: int) -> np.ndarray:
         return self._retrying(lambda: self.client.pull_rows(table, ids, dim).values)
 
-    def send(self, tables: dict[str, int], ids: np.ndarray, dense: bool) -> PendingFetch:
-        """The rows of `ids` in every table ({name: dim}), and the dense blocks if `dense`, in
-        one round trip: the requests are sent now, the replies read by `PendingFetch.result`."""
+    def send(self, tables: dict[str, int], ids: np.ndarray, shards: dict[str, np.ndarray], dense: bool
+             ) -> PendingFetch:
+        """The rows of `ids` in every table ({name: dim}; `shards`: each id's owner per
+        table), and the dense blocks if `dense`, in one round trip: the requests are sent
+        now, the replies read by `PendingFetch.result`."""
         keys = [(b.param, b.block) for b in self.layout.blocks] if dense else []
         request = ({name: (ids, dim) for name, dim in tables.items()}, keys)
-        return PendingFetch(self, request, dense, self.client.send_pull(*request))
+        return PendingFetch(self, request, dense, self.client.send_pull(*request, row_shards=shards))
 
     def pull_dense(self) -> None:
         keys = [(b.param, b.block) for b in self.layout.blocks]
@@ -139,13 +141,16 @@ class GradientBuffer:
     def __init__(self, slot_map: SlotMap, shards: int) -> None:
         self.slot_map = slot_map
         self.shards = shards
-        self._rows: dict[str, list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)
+        self._rows: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]] = defaultdict(list)
+        self._block_shards: dict[tuple[str, int], int] = {}
 
     def clear(self) -> None:
         self._rows.clear()
 
-    def add_rows(self, table: str, ids: np.ndarray, grads: np.ndarray) -> None:
-        self._rows[table].append((ids, grads))
+    def add_rows(self, table: str, ids: np.ndarray, grads: np.ndarray, shards: np.ndarray | None = None) -> None:
+        """Gradients of distinct `ids`; `shards`, each id's owner, if the caller knows them
+        (the pull that fetched the rows did)."""
+        self._rows[table].append((ids, grads, shards))
 
     def deltas(self, layout: DenseLayout, task_id: str, seq: int, trainer_id: str, step: int,
                examples: int) -> list[GradientDelta]:
@@ -153,19 +158,30 @@ class GradientBuffer:
         examples, which is what makes exactly-once checkable by counting."""
         sparse: dict[int, list[SparseRows]] = defaultdict(list)
         for table, parts in self._rows.items():
-            ids = np.concatenate([p[0] for p in parts])
-            grads = np.concatenate([p[1] for p in parts])
-            unique, inverse = np.unique(ids, return_inverse=True)
-            if len(unique) < len(ids):
-                summed = np.zeros((len(unique), grads.shape[1]), dtype=np.float32)
-                np.add.at(summed, inverse, grads)
-                ids, grads = unique, summed
-            for shard, (s_ids, s_grads) in self.slot_map.split_rows(table, ids, grads).items():
+            if len(parts) == 1:
+                ids, grads, owners = parts[0]
+            else:
+                ids = np.concatenate([p[0] for p in parts])
+                grads = np.concatenate([p[1] for p in parts])
+                owners = None if any(p[2] is None for p in parts) else np.concatenate([p[2] for p in parts])
+                unique, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+                if len(unique) < len(ids):
+                    summed = np.zeros((len(unique), grads.shape[1]), dtype=np.float32)
+                    np.add.at(summed, inverse, grads)
+                    ids, grads = unique, summed
+                    owners = None if owners is None else owners[first]
+            for shard, (s_ids, s_grads) in self.slot_map.split_rows(table, ids, grads, owners).items():
                 sparse[shard].append(SparseRows(table, s_ids, s_grads))
         dense: dict[int, list[DenseSlice]] = defaultdict(list)
         for param, block, values in layout.gradients():
-            dense[self.slot_map.shard_of_block(param, block)].append(DenseSlice(param, block, 0, values))
+            dense[self._block_shard(param, block)].append(DenseSlice(param, block, 0, values))
         self._rows.clear()
         return [GradientDelta(task_id, seq, trainer_id, shard, step, examples,
                               dense=tuple(dense[shard]), sparse=tuple(sparse[shard]))
                 for shard in range(self.shards)]
+
+    def _block_shard(self, param: str, block: int) -> int:
+        shard = self._block_shards.get((param, block))
+        if shard is None:
+            shard = self._block_shards[(param, block)] = self.slot_map.shard_of_block(param, block)
+        return shard

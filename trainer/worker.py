@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.nn.functional as F
-from confluent_kafka import Message
-
 from infra import Endpoints
 from infra.clients import TopicSpec, ensure_topics, redis_client
 from master.config import JobConfig
@@ -40,14 +38,14 @@ from pserver.sharding import SlotMap
 from schemas import DeadLetter, EtcdKeys, Topics
 from streamtrain.observability import TrainerMetrics
 from trainer.committer import Committer, Ended
-from trainer.decoders import ChunkDecoder
 from trainer.delivery import AtLeastOnceDelivery, DeliveryError, TransactionalDelivery
-from trainer.features import Batch, Featurizer, MiniBatches, pool
+from trainer.features import Batch, MiniBatches, pool
 from trainer.feed import Chunk, TaskFeed
+from trainer.loader import BadRecord, Loaded, LoaderSpec, RecordLoader
 from trainer.metrics import TaskMetrics
 from trainer.models import ModelSpec
 from trainer.params import DenseLayout, GradientBuffer, ParamSync, PendingFetch
-from trainer.reader import RangeReader, RangeReadError
+from trainer.reader import RangeReadError
 from trainer.steps import StepGate
 
 log = logging.getLogger(__name__)
@@ -58,16 +56,11 @@ class _Stopped(Exception):
 
 
 @dataclass(frozen=True)
-class _Prepared:
-    block: Batch | None  # the chunk's good records, featurized
-    bad: list[tuple[Message, str]]  # (record, why it is bad)
-
-
-@dataclass(frozen=True)
 class _Ahead:
     batch: Batch
     unique: np.ndarray
     inverse: np.ndarray
+    shards: dict[str, np.ndarray]  # table -> the shard of each of `unique`
     pending: PendingFetch
 
 
@@ -141,7 +134,7 @@ class Trainer:
                 self._loop(stop, max_tasks)
             finally:
                 self.committer.close()
-                self.reader.close()
+                self.loader.close()
                 self._cancel_ahead()
                 self.delivery.close()
                 self.redis.close()
@@ -163,10 +156,11 @@ class Trainer:
         ensure_topics(self.endpoints, [TopicSpec(self.topics.metrics), TopicSpec(self.topics.dlq, 1, {
             "cleanup.policy": "compact"})] + [TopicSpec(self.topics.grad(s)) for s in range(self.shards)])
         spec = model_spec(config)
-        self.featurizer = Featurizer(spec.fields, spec.dense_features, config.model.hash_buckets)
-        # Records decoded together: large enough to amortise the per-chunk numpy calls.
-        self._chunk_records = max(config.model.batch_size, 2048)
-        self.decoder = ChunkDecoder(config.input, spec.fields, spec.dense_features)
+        # Started first: the child's imports overlap the rest of the start-up. Records are
+        # decoded in chunks large enough to amortise the per-chunk numpy calls.
+        self.loader = RecordLoader(LoaderSpec(
+            self.endpoints, f"{config.name}.trainer.{self.trainer_id}", config.input, spec.fields,
+            spec.dense_features, config.model.hash_buckets, max(config.model.batch_size, 2048)))
         use_torch_threads(config)
         self.model = build_model(config).to(self.device)
         self.layout = DenseLayout(self.model)
@@ -183,25 +177,28 @@ class Trainer:
         self.gate = StepGate(self.redis, config.name, self.shards, config.train.sgd, config.train.staleness,
                              self.trainer_id, max_wait_s=max(1.0, config.tasks.timeout_s / 3))
         self.step = self.gate.first_step()
-        self.reader = RangeReader(self.endpoints, f"{config.name}.trainer.{self.trainer_id}")
         if config.train.delivery == "exactly_once":
             self.delivery = TransactionalDelivery(self.endpoints, f"{config.name}.trainer.{self.trainer_id}")
         else:
             self.delivery = AtLeastOnceDelivery(self.endpoints)
         self.committer = Committer(self.delivery, self.tasks, self._ended)
-        # Decoding allocates several small containers per record, so the cyclic collector runs
-        # often; frozen, the ~200k long-lived objects of torch and the clients are not walked
-        # again at every full collection (decoding cost 10 us a record with them, 1 without).
+        try:
+            self.loader.wait_ready()
+        except BaseException:
+            self.loader.close()
+            raise
+        # Frozen, the ~200k long-lived objects of torch and the clients are not walked again
+        # at every full collection.
         gc.freeze()
-        # The feed and commit threads, and the reads of pulls sent ahead, take the interpreter
-        # lock for short spells between waits; at the default 5 ms switch interval each spell
-        # can wait 5 ms for the training thread to let go of it.
+        # The feed and commit threads take the interpreter lock for short spells between
+        # waits; at the default 5 ms switch interval each spell can wait 5 ms for the
+        # training thread to let go of it.
         sys.setswitchinterval(0.001)
         log.info("trainer %s: model %s on %s, %d shards, delivery %s", self.trainer_id,
                  config.model.factory, self.device, self.shards, config.train.delivery)
 
     def _loop(self, stop: threading.Event, max_tasks: int | None) -> None:
-        feed = TaskFeed(self._next_task, self.reader, self._chunk_records, self._prepare, max_tasks).start()
+        feed = TaskFeed(self._next_task, self.loader, max_tasks).start()
         done = 0
         try:
             while not stop.is_set() and (max_tasks is None or done < max_tasks):
@@ -316,7 +313,7 @@ class Trainer:
                 raise chunk.error
             if stop.is_set():
                 raise _Stopped()
-            yield from self._cut(chunk.prepared)
+            yield from self._cut(chunk.records)
             if chunk.last:
                 break
             chunk = self._fed = feed.more()
@@ -324,39 +321,33 @@ class Trainer:
         if last is not None:
             yield last
 
-    def _prepare(self, msgs: list) -> _Prepared:
-        """Decode and featurize a chunk of records at once. Runs on the feed's thread: it
-        touches nothing the training thread uses."""
-        if not msgs:
-            return _Prepared(None, [])
-        decoded = self.decoder.decode([m.value() for m in msgs])
-        bad = [(msgs[i], reason) for i, reason in decoded.bad]
-        return _Prepared(self.featurizer.featurize(decoded.columns) if len(decoded.columns) else None, bad)
-
-    def _cut(self, prepared: _Prepared) -> Iterator[Batch]:
-        """Dead-letter a prepared chunk's bad records, then cut its mini-batches."""
-        for msg, reason in prepared.bad:
-            self._dead_letter(msg, reason)
-        if prepared.block is None:
+    def _cut(self, loaded: Loaded | None) -> Iterator[Batch]:
+        """Dead-letter a chunk's bad records, then cut its mini-batches."""
+        if loaded is None:
+            return
+        for bad in loaded.bad:
+            self._dead_letter(bad)
+        if loaded.block is None:
             return
         self._metrics.max_event_time_ms = max(self._metrics.max_event_time_ms,
-                                              int(prepared.block.event_time_ms.max()))
-        yield from self._batcher.feed(prepared.block)
+                                              int(loaded.block.event_time_ms.max()))
+        yield from self._batcher.feed(loaded.block)
 
-    def _dead_letter(self, msg, reason: str) -> None:
+    def _dead_letter(self, bad: BadRecord) -> None:
         self._metrics.bad_records += 1
         self.stats.bad_records += 1
         self.obs.bad_records.inc()
-        letter = DeadLetter(msg.topic(), msg.partition(), msg.offset(), reason, msg.value() or b"",
+        letter = DeadLetter(bad.topic, bad.partition, bad.offset, bad.reason, bad.value,
                             self.config.name, int(time.time() * 1000))
         # Keyed by position: the DLQ is compacted, so a re-run task leaves one entry per record.
-        self.delivery.add(self.topics.dlq, letter.to_json(),
-                          f"{msg.topic()}:{msg.partition()}:{msg.offset()}".encode())
+        self.delivery.add(self.topics.dlq, letter.to_json(), f"{bad.topic}:{bad.partition}:{bad.offset}".encode())
 
     def _send_pull(self, batch: Batch, number: int) -> _Ahead:
         unique, inverse = np.unique(batch.ids, return_inverse=True)
-        pending = self.sync.send(self.model.tables, unique, dense=number % self.config.train.pull_every == 0)
-        return _Ahead(batch, unique, inverse, pending)
+        # Each row's shard, hashed once: the pull needs the shards' versions, the push splits by them.
+        shards = {name: self.slot_map.shard_of_rows(name, unique) for name in self.model.tables}
+        pending = self.sync.send(self.model.tables, unique, shards, dense=number % self.config.train.pull_every == 0)
+        return _Ahead(batch, unique, inverse, shards, pending)
 
     def _cancel_ahead(self) -> None:
         if self._ahead is not None:
@@ -396,7 +387,7 @@ class Trainer:
             scores = torch.sigmoid(logits).cpu().numpy()
         metrics.observe(batch.labels, scores, float(loss.item()) * batch.size)
         for name, tensor in rows.items():
-            self.buffer.add_rows(name, unique, tensor.grad.cpu().numpy())
+            self.buffer.add_rows(name, unique, tensor.grad.cpu().numpy(), ahead.shards[name])
         computed = time.perf_counter() - pulled
         metrics.compute_s += computed
         self.obs.compute_seconds.observe(computed)

@@ -1,6 +1,7 @@
-"""The task feed's hand-over logic, with an in-memory range reader (the Kafka read itself is
-covered by the integration tests): chunks in order, one task claimed ahead at most, a task
-given up mid-read is read no further, an unbegun task is handed back on close."""
+"""The task feed's hand-over logic, with an in-memory source of chunks (the loader process
+and the Kafka read are covered by the integration tests): chunks in order, one task claimed
+ahead at most, a task given up mid-read is read no further, an unbegun task is handed back
+on close."""
 
 from __future__ import annotations
 
@@ -14,18 +15,20 @@ from trainer.reader import RangeReadError
 
 
 class Ranges:
-    """Offsets as records; `fail_at` raises RangeReadError when reading reaches it."""
+    """Offsets as records, in chunks of 10; `fail_at` raises RangeReadError when reading
+    reaches it."""
 
     def __init__(self, fail_at: int | None = None) -> None:
         self.read_upto: dict[int, int] = {}
         self.fail_at = fail_at
 
     def read(self, topic: str, partition: int, start: int, end: int):
-        for offset in range(start, end):
-            if offset == self.fail_at:
-                raise RangeReadError(f"broken at {offset}")
-            self.read_upto[partition] = offset
-            yield offset
+        for at in range(start, end, 10):
+            offsets = list(range(at, min(at + 10, end)))
+            if self.fail_at in offsets:
+                raise RangeReadError(f"broken at {self.fail_at}")
+            self.read_upto[partition] = offsets[-1]
+            yield offsets
 
 
 class Tasks:
@@ -50,7 +53,7 @@ def wait_until(condition, timeout: float = 5.0) -> None:
 
 def test_chunks_come_in_order_and_the_feed_claims_one_task_ahead_at_most() -> None:
     tasks = Tasks(count=4, size=25)
-    feed = TaskFeed(tasks.claim, Ranges(), chunk_records=10).start()
+    feed = TaskFeed(tasks.claim, Ranges()).start()
     try:
         time.sleep(0.2)
         assert tasks.claimed == [tasks.claimed[0]]  # nothing begun yet: one task fed, no more
@@ -61,7 +64,7 @@ def test_chunks_come_in_order_and_the_feed_claims_one_task_ahead_at_most() -> No
             chunk = feed.more()
             assert chunk.task == first.task
             got.append(chunk.records)
-        assert got == [list(range(10)), list(range(10, 20)), list(range(20, 25))]
+        assert got == [list(range(10)), list(range(10, 20)), list(range(20, 25)), None]
         wait_until(lambda: len(tasks.claimed) == 2)  # the first begun: the second claimed
         time.sleep(0.2)
         assert len(tasks.claimed) == 2
@@ -72,7 +75,7 @@ def test_chunks_come_in_order_and_the_feed_claims_one_task_ahead_at_most() -> No
 def test_a_task_given_up_is_read_no_further_and_the_next_one_follows() -> None:
     tasks = Tasks(count=2, size=10_000)
     ranges = Ranges()
-    feed = TaskFeed(tasks.claim, ranges, chunk_records=10, chunks_ahead=2).start()
+    feed = TaskFeed(tasks.claim, ranges, chunks_ahead=2).start()
     try:
         first = feed.first(timeout=5)
         feed.abandon(first)
@@ -84,12 +87,12 @@ def test_a_task_given_up_is_read_no_further_and_the_next_one_follows() -> None:
 
 
 def test_a_read_error_ends_its_task_with_the_error() -> None:
-    feed = TaskFeed(Tasks(count=1, size=30).claim, Ranges(fail_at=15), chunk_records=10).start()
+    feed = TaskFeed(Tasks(count=1, size=30).claim, Ranges(fail_at=15)).start()
     try:
         first = feed.first(timeout=5)
         assert first.records == list(range(10)) and not first.last
         rest = feed.more()
-        assert rest.last and rest.records == [10, 11, 12, 13, 14]
+        assert rest.last and rest.records is None
         assert isinstance(rest.error, RangeReadError)
     finally:
         feed.close()
@@ -97,7 +100,7 @@ def test_a_read_error_ends_its_task_with_the_error() -> None:
 
 def test_close_hands_back_the_task_claimed_and_not_begun() -> None:
     tasks = Tasks(count=3, size=5)
-    feed = TaskFeed(tasks.claim, Ranges(), chunk_records=10, max_tasks=2).start()
+    feed = TaskFeed(tasks.claim, Ranges(), max_tasks=2).start()
     first = feed.first(timeout=5)
     wait_until(lambda: len(tasks.claimed) == 2)
     unbegun = feed.close()
@@ -110,7 +113,7 @@ def test_a_crashed_feed_is_reported_to_the_trainer() -> None:
     def claim() -> ClaimedTask:
         raise ValueError("bug")
 
-    feed = TaskFeed(claim, Ranges(), chunk_records=10).start()
+    feed = TaskFeed(claim, Ranges()).start()
     try:
         wait_until(lambda: not feed._thread.is_alive())
         try:
@@ -130,7 +133,7 @@ def test_nothing_to_claim_waits_quietly() -> None:
         calls.set()
         return None
 
-    feed = TaskFeed(claim, Ranges(), chunk_records=10).start()
+    feed = TaskFeed(claim, Ranges()).start()
     try:
         assert feed.first(timeout=0.3) is None
         assert calls.is_set()

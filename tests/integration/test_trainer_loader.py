@@ -1,0 +1,118 @@
+"""The trainer's record loader (a child process) against the real broker: exact ranges across
+transaction markers, bad records sent back with their offsets, a range given up midway, a
+decoder that does not import, a loader that dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from infra import Endpoints
+from master.config import InputSection
+from producers.clickmodel import ClickModel
+from trainer.features import Featurizer
+from trainer.loader import LoaderError, LoaderSpec, RecordLoader
+from trainer.reader import RangeReader
+
+pytestmark = [pytest.mark.services]
+
+MODEL = ClickModel()
+
+
+def spec(services: Endpoints, topic: str, chunk_records: int, fmt: str = "json") -> LoaderSpec:
+    return LoaderSpec(services, f"{topic}.loader-test", InputSection((topic,), format=fmt), MODEL.fields,
+                      MODEL.dense_features, 1 << 20, chunk_records)
+
+
+def write_in_transactions(services: Endpoints, topic: str, values: list[bytes], per_txn: int) -> None:
+    """Each transaction's commit marker takes an offset: offsets and records differ."""
+    producer = Producer({"bootstrap.servers": services.kafka, "transactional.id": f"{topic}-writer"})
+    producer.init_transactions(30)
+    for start in range(0, len(values), per_txn):
+        producer.begin_transaction()
+        for value in values[start:start + per_txn]:
+            producer.produce(topic, value, partition=0)
+        producer.commit_transaction(30)
+
+
+def offsets_of(services: Endpoints, topic: str) -> list[int]:
+    """The offsets of partition 0's records (the high watermark after the last marker)."""
+    consumer = Consumer({"bootstrap.servers": services.kafka, "group.id": f"{topic}.probe"})
+    try:
+        _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    finally:
+        consumer.close()
+    reader = RangeReader(services, f"{topic}.probe")
+    try:
+        return [m.offset() for m in reader.read(topic, 0, 0, high)]
+    finally:
+        reader.close()
+
+
+def test_a_range_comes_back_exactly_in_chunks_with_its_bad_records(services, topic_factory) -> None:
+    topic = topic_factory("loader")
+    examples = MODEL.examples(120)
+    values = [e.to_json() for e in examples]
+    for i in (7, 50, 51, 99):
+        values[i] = b"{not json"
+    write_in_transactions(services, topic, values, per_txn=25)
+    offsets = offsets_of(services, topic)
+    assert len(offsets) == 120 and offsets[-1] > 119  # markers in between
+    start, end = offsets[5], offsets[105]  # records 5..104
+
+    loader = RecordLoader(spec(services, topic, chunk_records=32))
+    try:
+        chunks = list(loader.read(topic, 0, start, end))
+    finally:
+        loader.close()
+
+    assert [len(c.block.labels) + len(c.bad) for c in chunks] == [32, 32, 32, 4]
+    bad = [b for c in chunks for b in c.bad]
+    assert [b.offset for b in bad] == [offsets[i] for i in (7, 50, 51, 99)]
+    assert all(b.value == b"{not json" and b.topic == topic and b.partition == 0 and b.reason for b in bad)
+    good = [e for i, e in enumerate(examples) if 5 <= i < 105 and i not in (7, 50, 51, 99)]
+    want = Featurizer(MODEL.fields, MODEL.dense_features, 1 << 20).batch(good)
+    assert np.array_equal(np.concatenate([c.block.ids for c in chunks]), want.ids)
+    assert np.array_equal(np.concatenate([c.block.labels for c in chunks]), want.labels)
+
+
+def test_a_range_given_up_midway_leaves_the_loader_ready_for_the_next(services, topic_factory) -> None:
+    topic = topic_factory("loader")
+    write_in_transactions(services, topic, [e.to_json() for e in MODEL.examples(3000)], per_txn=1000)
+    end = offsets_of(services, topic)[-1] + 1
+    loader = RecordLoader(spec(services, topic, chunk_records=100))
+    try:
+        read = loader.read(topic, 0, 0, end)
+        next(read)
+        read.close()  # given up after one chunk of thirty
+        again = list(loader.read(topic, 0, 0, end))
+        assert sum(len(c.block.labels) for c in again) == 3000
+    finally:
+        loader.close()
+
+
+def test_a_decoder_that_does_not_import_is_said_at_start(services, topic_factory) -> None:
+    topic = topic_factory("loader")
+    loader = RecordLoader(spec(services, topic, 100, fmt="no_such_module_here:decode"))
+    try:
+        with pytest.raises(Exception, match="no_such_module_here"):
+            loader.wait_ready()
+    finally:
+        loader.close()
+
+
+def test_a_dead_loader_is_an_error_not_a_hang(services, topic_factory) -> None:
+    topic = topic_factory("loader")
+    write_in_transactions(services, topic, [e.to_json() for e in MODEL.examples(10)], per_txn=10)
+    loader = RecordLoader(spec(services, topic, 100))
+    try:
+        loader.wait_ready()
+        os.kill(loader.pid, signal.SIGKILL)
+        with pytest.raises(LoaderError, match="died|gone"):
+            list(loader.read(topic, 0, 0, 11))
+    finally:
+        loader.close()
