@@ -4,7 +4,7 @@ beside a bare PyTorch loop over the same data and model in the same run.
 
     python -m bench.trainer_throughput [--examples 120000] [--warmup 120000] [--batch-size 256]
                                        [--model trainer.models:LogisticRegression]
-                                       [--commit-every 0] [--task-records 2000] [--bare-runs 3]
+                                       [--commit-every 0] [--task-records N] [--bare-runs 3]
 
 Starts its own Kafka, etcd and Redis (or uses STREAMTRAIN_KAFKA/ETCD/REDIS), a master and two
 pserver shards as their own processes (as deployed: a shard's threads do not share the
@@ -38,7 +38,7 @@ from confluent_kafka import Producer
 
 from infra import Endpoints, LocalServices, Ports
 from infra.clients import TopicSpec, ensure_topics
-from master.config import JobConfig
+from master.config import JobConfig, TasksSection
 from master.etcd import Etcd
 from producers.clickmodel import ClickModel
 from schemas import EtcdKeys, Example
@@ -59,7 +59,7 @@ name = "{name}"
 topics = ["{topic}"]
 passes = 1
 [tasks]
-max_records = {args.task_records}
+max_records = {args.task_records or TasksSection.max_records}
 [model]
 factory = "{args.model}"
 sparse_fields = [{fields}]
@@ -89,16 +89,16 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
     return used
 
 
-def bare_from_records(config: JobConfig, values: list[bytes], warmup: int) -> float:
-    """Seconds a bare loop takes over `values[warmup:]`, after training on the first `warmup`,
-    with the long-lived objects frozen as the trainer has them (trainer/worker.py)."""
+def bare_from_records(config: JobConfig, values: list[bytes], warmup: int) -> tuple[float, float]:
+    """Seconds and CPU seconds a bare loop takes over `values[warmup:]`, after training on the
+    first `warmup`, with the long-lived objects frozen as the trainer has them."""
     gc.freeze()
     try:
         local = LocalTrainer(config)
         local.train_records(values[:warmup])
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.process_time()
         local.train_records(values[warmup:])
-        return time.perf_counter() - began
+        return time.perf_counter() - began, time.process_time() - cpu
     finally:
         gc.unfreeze()
 
@@ -115,7 +115,7 @@ def run(endpoints: Endpoints, args: argparse.Namespace, home: Path, service_pids
     # The bare loop runs several times before the trainer and after it: on this box five runs
     # in a row of the same loop in one process ranged 62k-120k ex/s, so the ratio is taken
     # against the median.
-    bare_rates = [args.examples / bare_from_records(config, values, args.warmup) for _ in range(args.bare_runs)]
+    bare = [bare_from_records(config, values, args.warmup) for _ in range(args.bare_runs)]
     ensure_topics(endpoints, [TopicSpec(topic, 2)])
     producer = Producer({"bootstrap.servers": endpoints.kafka, "linger.ms": 20})
     for i, value in enumerate(values):
@@ -160,8 +160,8 @@ def run(endpoints: Endpoints, args: argparse.Namespace, home: Path, service_pids
         startup_s = time.perf_counter() - began
         trained(args.warmup)
         timed = trainer.stats.examples  # the clock starts on a mini-batch boundary
-        pids = {"trainer": os.getpid(), "master": procs[0].pid, "shard 0": procs[1].pid,
-                "shard 1": procs[2].pid, **service_pids}
+        pids = {"trainer": os.getpid(), "trainer's loader": trainer.loader.pid, "master": procs[0].pid,
+                "shard 0": procs[1].pid, "shard 1": procs[2].pid, **service_pids}
         first, cpu_before = time.perf_counter(), cpu_seconds(pids)
         trained(len(values))
         system_s = time.perf_counter() - first
@@ -176,7 +176,8 @@ def run(endpoints: Endpoints, args: argparse.Namespace, home: Path, service_pids
         log.close()
 
     # The bare loops train the examples the trainer was timed on, after the warm-up ones.
-    bare_rates += [args.examples / bare_from_records(config, values, args.warmup) for _ in range(args.bare_runs)]
+    bare += [bare_from_records(config, values, args.warmup) for _ in range(args.bare_runs)]
+    bare_rates = [args.examples / wall for wall, _ in bare]
     examples = [Example.from_json(v) for v in values]
     gc.freeze()
     local = LocalTrainer(config)
@@ -187,10 +188,13 @@ def run(endpoints: Endpoints, args: argparse.Namespace, home: Path, service_pids
     steady = len(values) - timed
     examples = examples[args.warmup:]
     bare_records = statistics.median(bare_rates)
+    # CPU per example: what the machine's cores, if the trainer had them to itself, would see.
+    trainer_cpu_us = (cpu["trainer"] + cpu.get("trainer's loader", 0.0)) / steady * 1e6
+    bare_cpu_us = statistics.median(used for _, used in bare) / args.examples * 1e6
     return {
         "examples": len(examples), "warmup_examples": args.warmup, "model": args.model,
         "batch_size": args.batch_size,
-        "commit_every": args.commit_every, "task_records": args.task_records,
+        "commit_every": args.commit_every, "task_records": args.task_records or TasksSection.max_records,
         "trainer_examples_per_s": round(steady / system_s),
         "trainer_startup_s": round(startup_s, 2),
         # Cores each process kept busy meanwhile (the machine's cores are shared by all).
@@ -198,6 +202,10 @@ def run(endpoints: Endpoints, args: argparse.Namespace, home: Path, service_pids
         "bare_torch_from_records_examples_per_s": round(bare_records),
         "bare_from_records_runs": [round(r) for r in bare_rates],
         "ratio": round(steady / system_s / bare_records, 3),
+        # The trainer's process and its loader against the bare loop, in CPU per example.
+        "trainer_cpu_us_per_example": round(trainer_cpu_us, 2),
+        "bare_cpu_us_per_example": round(bare_cpu_us, 2),
+        "cpu_ratio": round(bare_cpu_us / trainer_cpu_us, 3),
         "bare_torch_in_memory_examples_per_s": round(len(examples) / bare_s),
         "ratio_vs_in_memory": round(steady / system_s / (len(examples) / bare_s), 3),
     }
@@ -211,8 +219,9 @@ def main() -> None:
     parser.add_argument("--model", default="trainer.models:LogisticRegression")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--commit-every", type=int, default=0)
-    parser.add_argument("--bare-runs", type=int, default=3, help="bare loops before and after the trainer")
-    parser.add_argument("--task-records", type=int, default=2000, help="the job's tasks.max_records")
+    parser.add_argument("--bare-runs", type=int, default=3, choices=range(1, 11), metavar="1..10",
+                        help="bare loops before and after the trainer")
+    parser.add_argument("--task-records", type=int, help="the job's tasks.max_records (default: the job default)")
     args = parser.parse_args()
     endpoints = Endpoints.resolve()
     with tempfile.TemporaryDirectory() as tmp:

@@ -135,6 +135,9 @@ class ParamClient:
         self.slot_map = slot_map
         self.init_scale = init_scale
         self._block_shards: dict[tuple[str, int], int] = {}  # a model's blocks, pulled again and again
+        # The last value of each block pulled, by its bytes: a block changes only when its
+        # shard applies a push, so most pulls return the bytes of the pull before.
+        self._block_values: dict[tuple[str, int], tuple[bytes, np.ndarray]] = {}
 
     def _block_shard(self, block: tuple[str, int]) -> int:
         shard = self._block_shards.get(block)
@@ -208,7 +211,10 @@ class ParamClient:
         if blocks:
             for key, raw in zip(blocks, replies[-1]):
                 if raw is not None:
-                    found[key] = ParamBlock.from_bytes(raw).values
+                    last = self._block_values.get(key)
+                    if last is None or last[0] != raw:
+                        last = self._block_values[key] = (raw, ParamBlock.from_bytes(raw).values)
+                    found[key] = last[1]
         return values, found, versions
 
     @staticmethod

@@ -41,6 +41,7 @@ class DenseLayout:
         for name, param in model.named_parameters():
             for b, start in enumerate(range(0, param.numel(), BLOCK)):
                 self.blocks.append(_Block(name, b, param, start, min(start + BLOCK, param.numel())))
+        self._loaded: dict[tuple[str, int], np.ndarray] = {}  # the array each block was last loaded from
 
     def initial(self, block: _Block) -> np.ndarray:
         return initial_rows(f"{block.param}#{block.block}", np.zeros(1, dtype=np.uint64),
@@ -50,7 +51,11 @@ class DenseLayout:
     def load(self, values: dict[tuple[str, int], np.ndarray]) -> None:
         """Copy pulled blocks into the parameters; blocks not pulled get their initial value."""
         for block in self.blocks:
-            found = values.get((block.param, block.block))
+            key = (block.param, block.block)
+            found = values.get(key)
+            if found is not None and self._loaded.get(key) is found:
+                continue  # the same (read-only) array as last time: ParamClient pulled the same bytes
+            self._loaded[key] = found
             data = found if found is not None else self.initial(block)
             flat = block.tensor.data.view(-1)
             flat[block.start:block.stop] = torch.from_numpy(np.array(data, dtype=np.float32)).to(flat.device)
