@@ -288,11 +288,7 @@ class TasksSection:
         max_failed_kept: how many failed tasks stay in etcd for inspection (oldest dropped).
     """
 
-    # Each task costs a claim, a heartbeat and a completion in etcd and one Kafka transaction,
-    # whatever its size: at 2,000 records those took a fifth of the system's CPU per example
-    # (docs/trainer.md, bench/trainer_throughput). A live stream's tasks stay small anyway,
-    # cut by `linger_ms` at its head.
-    max_records: int = 8192
+    max_records: int = 2000
     linger_ms: int = 500
     timeout_s: float = 30.0
     max_attempts: int = 3
