@@ -2,7 +2,7 @@
 from Redis, forward/backward, deltas committed to the gradient topics in Kafka transactions),
 beside a bare PyTorch loop over the same data and model in the same run.
 
-    python -m bench.trainer_throughput [--examples 120000] [--warmup 120000] [--batch-size 256]
+    python -m bench.trainer_throughput [--examples 600000] [--warmup 120000] [--batch-size 256]
                                        [--model trainer.models:LogisticRegression]
                                        [--commit-every 0] [--task-records N] [--bare-runs 3]
 
@@ -213,7 +213,9 @@ def run(endpoints: Endpoints, args: argparse.Namespace, home: Path, service_pids
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--examples", type=int, default=120_000, help="examples timed")
+    # Long enough for dozens of tasks at the default size: over 120,000 examples (15 tasks of
+    # 8192) two runs of the same build differed by a factor of two.
+    parser.add_argument("--examples", type=int, default=600_000, help="examples timed")
     parser.add_argument("--warmup", type=int, default=120_000,
                         help="examples trained first, untimed: the broker's JVM compiles its hot paths")
     parser.add_argument("--model", default="trainer.models:LogisticRegression")

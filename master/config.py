@@ -288,7 +288,7 @@ class TasksSection:
         max_failed_kept: how many failed tasks stay in etcd for inspection (oldest dropped).
     """
 
-    max_records: int = 2000
+    max_records: int = 8192
     linger_ms: int = 500
     timeout_s: float = 30.0
     max_attempts: int = 3

@@ -2,11 +2,14 @@
 read and decoded (trainer/loader.py) while the trainer trains the one before.
 
 Claiming is a round trip to etcd and reading a range waits on the broker's fetches; done in
-line, the trainer sits idle for both at every task. The feed holds at most one task the
-trainer has not begun (so a trainer never hoards the tail of a bounded input), hands records
-over in chunks through a short queue (so a large task is never all in memory), and claims
-nothing while the job is paused. Tasks it claimed that the trainer never began are handed
-back by `close`, for the trainer to release.
+line, the trainer sits idle for both at every task. The feed claims another task while the
+tasks it holds that the trainer has not begun span fewer than `ahead_records` offsets: small
+tasks are claimed two or more ahead, so a claim, a fetch or a loader descheduled for a moment
+does not leave the trainer waiting, while a trainer never hoards more than about that many
+offsets of a bounded input's tail. Records are handed over in chunks through a short queue
+(so a large task is never all in memory), and nothing is claimed while the job is paused.
+Tasks it claimed that the trainer never began are handed back by `close`, for the trainer
+to release.
 """
 
 from __future__ import annotations
@@ -46,17 +49,18 @@ class Chunk:
 
 class TaskFeed:
     def __init__(self, claim: Callable[[], ClaimedTask | None], source: Source, max_tasks: int | None = None,
-                 chunks_ahead: int = 4) -> None:
+                 chunks_ahead: int = 4, ahead_records: int = 1) -> None:
         self._claim = claim
         self._source = source
         self._max_tasks = max_tasks
+        self._ahead_records = ahead_records
         self._chunks: queue.Queue[Chunk] = queue.Queue(chunks_ahead)
-        self._begun = threading.Semaphore(1)  # released when the trainer begins the fed task
         self._closing = threading.Event()
         self._abandoned: str | None = None  # task id the trainer gave up: stop reading it
-        self._unbegun: ClaimedTask | None = None  # claimed, first chunk not yet taken
+        self._unbegun: list[ClaimedTask] = []  # claimed, first chunk not yet taken
         self._crashed: BaseException | None = None
         self._lock = threading.Lock()
+        self._begun = threading.Condition(self._lock)  # notified when the trainer begins a task
         self._thread = threading.Thread(target=self._run, name="task-feed", daemon=True)
 
     def start(self) -> TaskFeed:
@@ -72,9 +76,9 @@ class TaskFeed:
             if self._crashed is not None:
                 raise RuntimeError("the task feed stopped") from self._crashed
             return None
-        with self._lock:
-            self._unbegun = None
-        self._begun.release()
+        with self._begun:
+            self._unbegun = [task for task in self._unbegun if task is not chunk.task]
+            self._begun.notify()
         return chunk
 
     def more(self) -> Chunk:
@@ -89,8 +93,8 @@ class TaskFeed:
             chunk = self._chunks.get()
         self._abandoned = None  # the feed is past that task now
 
-    def close(self) -> ClaimedTask | None:
-        """Stop; returns the task claimed that the trainer never began, if any."""
+    def close(self) -> list[ClaimedTask]:
+        """Stop; returns the tasks claimed that the trainer never began."""
         self._closing.set()
         while self._thread.is_alive():
             try:  # unblock a feed waiting for room in the queue
@@ -99,7 +103,7 @@ class TaskFeed:
                 pass
             self._thread.join(0.05)
         with self._lock:
-            return self._unbegun
+            return list(self._unbegun)
 
     # -- the feed's thread ---------------------------------------------------------------
     def _run(self) -> None:
@@ -112,12 +116,12 @@ class TaskFeed:
     def _claim_and_read(self) -> None:
         claimed = 0
         while not self._closing.is_set() and (self._max_tasks is None or claimed < self._max_tasks):
-            # At most one task fed and not begun.
-            if not self._begun.acquire(timeout=0.1):
-                continue
+            with self._begun:
+                if self._unbegun_offsets() >= self._ahead_records:
+                    self._begun.wait(0.1)
+                    continue
             task = self._claim_next()
             if task is None:
-                self._begun.release()
                 continue
             claimed += 1
             self._feed(task, time.monotonic())
@@ -133,8 +137,11 @@ class TaskFeed:
             self._closing.wait(0.2)
             return None
         with self._lock:
-            self._unbegun = task
+            self._unbegun.append(task)
         return task
+
+    def _unbegun_offsets(self) -> int:
+        return sum(task.record.end - task.record.start for task in self._unbegun)
 
     def _feed(self, task: ClaimedTask, claimed_at: float) -> None:
         record = task.record

@@ -158,9 +158,10 @@ class Trainer:
         spec = model_spec(config)
         # Started first: the child's imports overlap the rest of the start-up. Records are
         # decoded in chunks large enough to amortise the per-chunk numpy calls.
+        self._chunk_records = max(config.model.batch_size, 2048)
         self.loader = RecordLoader(LoaderSpec(
             self.endpoints, f"{config.name}.trainer.{self.trainer_id}", config.input, spec.fields,
-            spec.dense_features, config.model.hash_buckets, max(config.model.batch_size, 2048)))
+            spec.dense_features, config.model.hash_buckets, self._chunk_records))
         use_torch_threads(config)
         self.model = build_model(config).to(self.device)
         self.layout = DenseLayout(self.model)
@@ -198,7 +199,8 @@ class Trainer:
                  config.model.factory, self.device, self.shards, config.train.delivery)
 
     def _loop(self, stop: threading.Event, max_tasks: int | None) -> None:
-        feed = TaskFeed(self._next_task, self.loader, max_tasks).start()
+        # Claimed ahead: at least a loader chunk's worth of records (trainer/feed.py).
+        feed = TaskFeed(self._next_task, self.loader, max_tasks, ahead_records=self._chunk_records).start()
         done = 0
         try:
             while not stop.is_set() and (max_tasks is None or done < max_tasks):
@@ -208,9 +210,8 @@ class Trainer:
                 self._train_fed(feed, chunk, stop)
                 done += 1
         finally:
-            unbegun = feed.close()
-            if unbegun is not None:
-                self._quietly(lambda: self.tasks.release(unbegun))
+            for unbegun in feed.close():
+                self._quietly(lambda t=unbegun: self.tasks.release(t))
 
     def _train_fed(self, feed: TaskFeed, first: Chunk, stop: threading.Event) -> None:
         """Train one task from the feed and hand its end to the committer; a task lost, failed

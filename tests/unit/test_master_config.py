@@ -122,7 +122,7 @@ def test_minimal_job_file_takes_every_documented_default():
             "start_from": "earliest",
         },
         "tasks": {
-            "max_records": 2000,
+            "max_records": 8192,
             "linger_ms": 500,
             "timeout_s": 30.0,
             "max_attempts": 3,

@@ -1,7 +1,7 @@
 """The task feed's hand-over logic, with an in-memory source of chunks (the loader process
-and the Kafka read are covered by the integration tests): chunks in order, one task claimed
-ahead at most, a task given up mid-read is read no further, an unbegun task is handed back
-on close."""
+and the Kafka read are covered by the integration tests): chunks in order, tasks claimed
+ahead up to `ahead_records` offsets and no further, a task given up mid-read is read no
+further, unbegun tasks are handed back on close."""
 
 from __future__ import annotations
 
@@ -72,6 +72,22 @@ def test_chunks_come_in_order_and_the_feed_claims_one_task_ahead_at_most() -> No
         feed.close()
 
 
+def test_small_tasks_are_claimed_ahead_until_they_span_ahead_records() -> None:
+    tasks = Tasks(count=6, size=25)
+    feed = TaskFeed(tasks.claim, Ranges(), chunks_ahead=16, ahead_records=60).start()
+    try:
+        wait_until(lambda: len(tasks.claimed) == 3)  # 0, 25, 50 offsets unbegun when claiming
+        time.sleep(0.2)
+        assert len(tasks.claimed) == 3  # 75 >= 60: no fourth
+        first = feed.first(timeout=5)
+        assert first.task.task_id == tasks.claimed[0]
+        wait_until(lambda: len(tasks.claimed) == 4)  # 50 unbegun again: one more
+        time.sleep(0.2)
+        assert len(tasks.claimed) == 4
+    finally:
+        feed.close()
+
+
 def test_a_task_given_up_is_read_no_further_and_the_next_one_follows() -> None:
     tasks = Tasks(count=2, size=10_000)
     ranges = Ranges()
@@ -98,15 +114,15 @@ def test_a_read_error_ends_its_task_with_the_error() -> None:
         feed.close()
 
 
-def test_close_hands_back_the_task_claimed_and_not_begun() -> None:
-    tasks = Tasks(count=3, size=5)
-    feed = TaskFeed(tasks.claim, Ranges(), max_tasks=2).start()
+def test_close_hands_back_the_tasks_claimed_and_not_begun() -> None:
+    tasks = Tasks(count=4, size=5)
+    feed = TaskFeed(tasks.claim, Ranges(), max_tasks=3, ahead_records=10).start()
     first = feed.first(timeout=5)
-    wait_until(lambda: len(tasks.claimed) == 2)
+    wait_until(lambda: len(tasks.claimed) == 3)
     unbegun = feed.close()
     assert first.task.task_id == tasks.claimed[0]
-    assert unbegun is not None and unbegun.task_id == tasks.claimed[1]
-    assert len(tasks.claimed) == 2  # max_tasks: no third claim
+    assert [task.task_id for task in unbegun] == tasks.claimed[1:]
+    assert len(tasks.claimed) == 3  # max_tasks: no fourth claim
 
 
 def test_a_crashed_feed_is_reported_to_the_trainer() -> None:
@@ -138,4 +154,4 @@ def test_nothing_to_claim_waits_quietly() -> None:
         assert feed.first(timeout=0.3) is None
         assert calls.is_set()
     finally:
-        assert feed.close() is None
+        assert feed.close() == []
