@@ -163,6 +163,10 @@ class KafkaBroker(ServerProcess):
             # read_committed reader until the broker aborts it: look for expired ones every
             # second, not every 10 s (the client's transaction.timeout.ms still decides when).
             "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
+            # A compacted topic (the DLQ) shows its compacted state within a second of a segment
+            # closing, not after the cleaner's default 15 s nap; a check finds nothing to clean
+            # on an idle broker and costs next to nothing.
+            "log.cleaner.backoff.ms": "1000",
             # Topics are created on purpose, with the partition count the job asks for.
             "auto.create.topics.enable": "false",
         }
