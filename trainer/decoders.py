@@ -175,10 +175,15 @@ def make_decoder(section: InputSection) -> Decoder:
         return _guarded(Example.from_bytes)
     if section.format == "csv":
         return _guarded(CsvDecoder(section.csv_columns))
-    return _guarded(_user_decoder(section.format))
+    # Whatever a user's decoder raises on a record (struct.error, its own exceptions) makes
+    # that record bad, not the trainer: a task that stopped every trainer that retried it
+    # would stop training. A bug in the built-ins, though, should surface.
+    return _guarded(_user_decoder(section.format), user=True)
 
 
-def _guarded(decode: Callable[[bytes], Example]) -> Decoder:
+def _guarded(decode: Callable[[bytes], Example], user: bool = False) -> Decoder:
+    failures = Exception if user else (SchemaError, ValueError, TypeError, KeyError, IndexError, UnicodeDecodeError)
+
     def run(value: bytes) -> Example:
         if value is None:
             raise DecodeError("record has no value (a tombstone)")
@@ -186,8 +191,11 @@ def _guarded(decode: Callable[[bytes], Example]) -> Decoder:
             example = decode(value)
         except DecodeError:
             raise
-        except (SchemaError, ValueError, TypeError, KeyError, IndexError, UnicodeDecodeError) as exc:
-            raise DecodeError(str(exc) or type(exc).__name__) from exc
+        except failures as exc:
+            # A user's exception is named: "error: unpack requires a buffer of 8 bytes" alone
+            # does not say it came from struct.
+            reason = f"{type(exc).__module__}.{type(exc).__name__}: {exc}" if user else str(exc)
+            raise DecodeError(reason or type(exc).__name__) from exc
         if not isinstance(example, Example):
             raise DecodeError(f"decoder returned {type(example).__name__}, not schemas.Example")
         return example

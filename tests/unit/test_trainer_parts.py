@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 
 import numpy as np
 import pytest
@@ -48,6 +49,25 @@ def test_csv_decoder_follows_the_declared_columns() -> None:
         decode(b"1,2,3")
     with pytest.raises(DecodeError, match="price"):
         decode(b"1,2,ios,cheap,5")
+
+
+def test_a_user_decoder_decodes_and_whatever_it_raises_makes_only_that_record_bad(tmp_path, monkeypatch) -> None:
+    (tmp_path / "fixed_width.py").write_text(
+        "import struct\n"
+        "from schemas import Example\n"
+        "def decode(value):\n"
+        "    user, price, label = struct.unpack('<qdd', value)\n"
+        "    return Example({'user': (user,)}, (price,), label, 0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    section = config(format='"fixed_width:decode"').input
+    decode = make_decoder(section)
+    assert decode(struct.pack("<qdd", 7, 2.5, 1.0)) == Example({"user": (7,)}, (2.5,), 1.0, 0)
+    with pytest.raises(DecodeError, match=r"^struct\.error: unpack requires"):
+        decode(b"short")  # not one of the exceptions the built-ins expect: still a bad record
+    decoded = ChunkDecoder(section, ("user",), 1).decode(
+        [struct.pack("<qdd", 1, 0.5, 0.0), b"\x00" * 3, struct.pack("<qdd", 2, 1.5, 1.0)])
+    assert [i for i, _ in decoded.bad] == [1] and "struct.error" in decoded.bad[0][1]
+    assert len(decoded.columns) == 2
 
 
 def test_featurizer_hashes_per_field_and_bags_per_example_and_field() -> None:
