@@ -20,7 +20,8 @@ COMPACTED = {"cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.di
 
 
 def produce(services: Endpoints, topic: str, keys: list[str]) -> None:
-    producer = Producer({"bootstrap.servers": services.kafka})
+    # Idempotent: offsets in the order given, even if a fresh topic refuses the first batch.
+    producer = Producer({"bootstrap.servers": services.kafka, "enable.idempotence": True})
     for key in keys:
         producer.produce(topic, key.encode() + b"-value", key=key.encode(), partition=0)
     producer.flush(30)
