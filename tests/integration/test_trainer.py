@@ -25,6 +25,7 @@ from pserver.sharding import SlotMap
 from schemas import DeadLetter, EtcdKeys, GradientDelta, RedisKeys, TaskRecord, Topics
 from trainer.local import LocalTrainer
 from trainer.metrics import auc
+from trainer.params import ParamSync
 from trainer.reader import RangeReader
 from trainer.scoring import Scorer
 from trainer.worker import Trainer
@@ -185,6 +186,45 @@ def dead_letters(services: Endpoints, job: str) -> list[DeadLetter]:
             found.append((msg.offset(), DeadLetter.from_json(msg.value())))
     consumer.close()
     return [d for _, d in found]
+
+
+def test_pushes_every_n_and_dense_pulls_every_m_mini_batches(services, etcd, redis_conn, topic_factory, unique,
+                                                             tmp_path, monkeypatch) -> None:
+    """The seeds' n and m at 3: a task's mini-batches go out in groups of three (the last one
+    shorter), and one mini-batch in three pulls the dense blocks with its rows."""
+    train = MODEL.examples(6_000)
+    topic = topic_factory("every", partitions=2)
+    counts = write_examples(services, topic, [e.to_json() for e in train], 2)
+    dense_pulls: list[bool] = []
+    send = ParamSync.send
+    monkeypatch.setattr(ParamSync, "send", lambda self, tables, ids, shards, dense: (
+        dense_pulls.append(dense), send(self, tables, ids, shards, dense))[1])
+    config = make_job(unique("every"), topic, tmp_path, push_every=3, pull_every=3, commit_every=0)
+    coord, background = Etcd.connect(services), Background()
+    try:
+        run_job(services, coord, config, background, trainers=1)
+        wait_for(lambda: finished(coord, config.name), 120, "the job's single pass", interval=0.5)
+        wait_for(lambda: applied_exactly(redis_conn, config.name, counts, topic), 30, "pservers applied all")
+    finally:
+        background.close()
+        coord.close()
+    batch = config.model.batch_size
+    batches = 0
+    for shard in range(2):
+        groups = committed_groups(services, Topics(config.name).grad(shard))
+        by_task: dict[str, list[tuple[int, int]]] = {}
+        for (task_id, seq), copies in groups.items():
+            by_task.setdefault(task_id, []).append((seq, copies[0]))
+        batches = 0
+        for task_id, seqs in by_task.items():
+            seqs.sort()
+            examples = [n for _, n in seqs]
+            task_batches = -(-sum(examples) // batch)
+            assert [seq for seq, _ in seqs] == list(range(-(-task_batches // 3))), task_id
+            assert examples[:-1] == [3 * batch] * (len(examples) - 1), (task_id, examples)
+            batches += task_batches
+    assert len(dense_pulls) == batches
+    assert sum(dense_pulls) == -(-batches // 3) and dense_pulls[::3] == [True] * len(dense_pulls[::3])
 
 
 def test_at_least_once_delivery_trains_without_transactions(services, etcd, redis_conn, topic_factory,
