@@ -3,10 +3,11 @@ read and decoded (trainer/loader.py) while the trainer trains the one before.
 
 Claiming is a round trip to etcd and reading a range waits on the broker's fetches; done in
 line, the trainer sits idle for both at every task. The feed claims another task while the
-tasks it holds that the trainer has not begun span fewer than `ahead_records` offsets: small
-tasks are claimed two or more ahead, so a claim, a fetch or a loader descheduled for a moment
-does not leave the trainer waiting, while a trainer never hoards more than about that many
-offsets of a bounded input's tail. Records are handed over in chunks through a short queue
+tasks it holds that the trainer has not begun span fewer than `ahead_records` offsets, and
+are fewer than `MAX_AHEAD_TASKS`: small tasks are claimed two or more ahead, so a claim, a
+fetch or a loader descheduled for a moment does not leave the trainer waiting, while a
+trainer never hoards more than that of a bounded input's tail (nor hundreds of the tiny
+tasks cut at the head of a live stream). Records are handed over in chunks through a short queue
 (so a large task is never all in memory), and nothing is claimed while the job is paused.
 Tasks it claimed that the trainer never began are handed back by `close`, for the trainer
 to release.
@@ -45,6 +46,10 @@ class Chunk:
     records: Any = None  # one chunk of the source's (a `trainer.loader.Loaded`)
     last: bool = False
     error: Exception | None = None  # the range could not be read (RangeReadError) or worse
+
+
+# Each task ahead hides one claim and one first fetch; beyond a few that buys nothing more.
+MAX_AHEAD_TASKS = 4
 
 
 class TaskFeed:
@@ -117,7 +122,8 @@ class TaskFeed:
         claimed = 0
         while not self._closing.is_set() and (self._max_tasks is None or claimed < self._max_tasks):
             with self._begun:
-                if self._unbegun_offsets() >= self._ahead_records:
+                if (self._unbegun_offsets() >= self._ahead_records
+                        or len(self._unbegun) >= MAX_AHEAD_TASKS):
                     self._begun.wait(0.1)
                     continue
             task = self._claim_next()

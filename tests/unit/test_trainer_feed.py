@@ -10,7 +10,7 @@ import time
 
 from master.tasks import ClaimedTask
 from schemas import TaskRecord
-from trainer.feed import TaskFeed
+from trainer.feed import MAX_AHEAD_TASKS, TaskFeed
 from trainer.reader import RangeReadError
 
 
@@ -110,6 +110,17 @@ def test_a_read_error_ends_its_task_with_the_error() -> None:
         rest = feed.more()
         assert rest.last and rest.records is None
         assert isinstance(rest.error, RangeReadError)
+    finally:
+        feed.close()
+
+
+def test_tiny_tasks_are_claimed_ahead_a_few_at_most() -> None:
+    tasks = Tasks(count=20, size=1)
+    feed = TaskFeed(tasks.claim, Ranges(), chunks_ahead=64, ahead_records=1000).start()
+    try:
+        wait_until(lambda: len(tasks.claimed) == MAX_AHEAD_TASKS)
+        time.sleep(0.2)
+        assert len(tasks.claimed) == MAX_AHEAD_TASKS  # far fewer than 1000 offsets, but no more
     finally:
         feed.close()
 
