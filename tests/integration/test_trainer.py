@@ -362,8 +362,12 @@ def test_a_task_redone_after_a_killed_or_frozen_trainer_is_applied_exactly_once(
     coord, background = Etcd.connect(services), Background()
     try:
         background.start(lambda stop: Master(Etcd.connect(services), services, config).run(stop))
+        # Stats every 50 ms, not every second: with one commit per task the victim's first
+        # deltas become visible all at once, and a second's lag let it finish the whole job
+        # before the fault (a CI run saw nothing left to release).
         for i in range(2):
-            background.start(lambda stop, i=i: PserverShard(services, ShardOptions(config.name, i, lease_ttl_s=2)).run(stop))
+            background.start(lambda stop, i=i: PserverShard(services, ShardOptions(
+                config.name, i, lease_ttl_s=2, housekeeping_s=0.05)).run(stop))
         victim = trainer_process(services, config.name, "victim", tmp_path)
         wait_for(lambda: any(s.get("deltas", 0) >= 10 for s in shard_stats(redis_conn, config.name)), 60,
                  "the victim's first commits", interval=0.02)
@@ -371,7 +375,12 @@ def test_a_task_redone_after_a_killed_or_frozen_trainer_is_applied_exactly_once(
         if fault == "sigterm":  # a clean stop: the task is released at once, not left to time out
             assert victim.wait(30) == 0
             released = [json.loads(e.value) for e in coord.range(EtcdKeys(config.name).tasks("todo"))]
-            assert any(t["attempt"] == 0 and t["trainer_id"] is None for t in released)
+            assert any(t["attempt"] == 0 and t["trainer_id"] is None for t in released), \
+                "the victim released nothing: the fault came after its last task"
+        else:
+            held = [json.loads(e.value) for e in coord.range(EtcdKeys(config.name).tasks("pending"))]
+            assert any(t["trainer_id"] == "victim" for t in held), \
+                "the victim held no task: the fault came after its last task"
         background.start(lambda stop: Trainer(services, config.name, "rescuer", lease_ttl_s=2).run(stop))
         if fault == "sigstop":
             # Resume the zombie once its task has been requeued and redone by the rescuer.
