@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from infra import Endpoints
 from master.config import JobConfig
@@ -21,6 +21,7 @@ from master.etcd import Etcd
 from master.service import Master
 from master.tasks import ClaimedTask, TaskClient
 from schemas import EtcdKeys, PartitionCursor
+from trainer.reader import RangeReader
 
 
 def produce(endpoints: Endpoints, topic: str, per_partition: dict[int, int],
@@ -46,8 +47,6 @@ def produce(endpoints: Endpoints, topic: str, per_partition: dict[int, int],
 
 def stable_ends(endpoints: Endpoints, topic: str, partitions: int) -> dict[tuple[str, int], int]:
     """Each partition's last stable offset: where the master's tasks end."""
-    from confluent_kafka import Consumer, TopicPartition
-
     consumer = Consumer({"bootstrap.servers": endpoints.kafka, "group.id": "probe",
                          "isolation.level": "read_committed"})
     try:
@@ -55,6 +54,16 @@ def stable_ends(endpoints: Endpoints, topic: str, partitions: int) -> dict[tuple
                 for p in range(partitions)}
     finally:
         consumer.close()
+
+
+def read_partition(endpoints: Endpoints, topic: str, partition: int = 0) -> list[Message]:
+    """The committed records of one partition, from its start to its last stable offset now."""
+    end = stable_ends(endpoints, topic, partition + 1)[(topic, partition)]
+    reader = RangeReader(endpoints, f"probe-{time.time_ns()}")
+    try:
+        return list(reader.read(topic, partition, 0, end))
+    finally:
+        reader.close()
 
 
 def job_config(name: str, topic: str, **sections: dict) -> JobConfig:

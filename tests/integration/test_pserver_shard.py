@@ -21,7 +21,7 @@ from pserver.sharding import SlotMap
 from pserver.state import ShardState
 from schemas import (DeadLetter, DenseSlice, EtcdKeys, GradientDelta, PartitionCursor, RedisKeys, SparseRows,
                      TaskRecord, Topics)
-from conftest import StreamtrainProcess, job_config, publish_job, wait_for
+from conftest import StreamtrainProcess, job_config, publish_job, read_partition, wait_for
 
 pytestmark = pytest.mark.services
 
@@ -131,16 +131,7 @@ def start_shard_process(services, job: str, log_dir: Path, n: int) -> Streamtrai
 
 
 def dead_letters(services: Endpoints, job: str) -> list[DeadLetter]:
-    consumer = Consumer({"bootstrap.servers": services.kafka, "group.id": f"dlq-{time.time_ns()}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    consumer.assign([TopicPartition(Topics(job).dlq, 0, 0)])
-    found, deadline = [], time.monotonic() + 5
-    while time.monotonic() < deadline:
-        msg = consumer.poll(0.2)
-        if msg is not None and not msg.error():
-            found.append(DeadLetter.from_json(msg.value()))
-    consumer.close()
-    return found
+    return [DeadLetter.from_json(msg.value()) for msg in read_partition(services, Topics(job).dlq)]
 
 
 @pytest.mark.slow
@@ -169,6 +160,8 @@ def test_shard_killed_mid_stream_ends_equal_to_an_unkilled_one(services, etcd, r
                 kills += 1
                 process = start_shard_process(services, killed, tmp_path, kills)
         assert kills >= 3 and all(resumed_from)
+        # The last process's own stats: the killed one's say caught up too, once it had.
+        wait_for(lambda: stats(redis_conn, killed).get("pid") == process.proc.pid, 60, "the last restart serving")
         for job in (killed, steady):
             wait_for(lambda: caught_up(services, redis_conn, job), 60, f"{job} caught up")
         got_rows, got_blocks = params(redis_conn, killed)
@@ -183,8 +176,9 @@ def test_shard_killed_mid_stream_ends_equal_to_an_unkilled_one(services, etcd, r
         s_killed, s_steady = stats(redis_conn, killed), stats(redis_conn, steady)
         assert s_killed["dropped"] == s_steady["dropped"] == ref.dedup.dropped > 0
         assert s_killed["examples"] == s_steady["examples"] == sum(ref.examples.values())
-        letters = {(d.source_topic, d.offset) for d in dead_letters(services, killed)}
-        assert len(letters) == 1 and "GradientDelta" in dead_letters(services, killed)[0].reason
+        wait_for(lambda: dead_letters(services, killed), 10, "the bad delta's dead letter")
+        letters = dead_letters(services, killed)
+        assert len({(d.source_topic, d.offset) for d in letters}) == 1 and "GradientDelta" in letters[0].reason
         process.kill(15)
         assert process.wait(20) == 0
         reference_shard.close()

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
-from conftest import StreamtrainProcess, job_config, wait_for
+from conftest import StreamtrainProcess, job_config, read_partition, wait_for
 from infra import Endpoints
 from master.etcd import Etcd
 from master.service import Master
@@ -26,7 +26,6 @@ from schemas import DeadLetter, EtcdKeys, GradientDelta, RedisKeys, TaskRecord, 
 from trainer.local import LocalTrainer
 from trainer.metrics import auc
 from trainer.params import ParamSync
-from trainer.reader import RangeReader
 from trainer.scoring import Scorer
 from trainer.worker import Trainer
 
@@ -117,6 +116,24 @@ def run_job(services, etcd, config, background: Background, trainers: int = 2) -
         background.start(lambda stop, i=i: Trainer(services, config.name, f"t{i}", lease_ttl_s=2).run(stop))
 
 
+def distributed_and_single_auc(services, redis_conn, config, train, topic: str, counts: dict[int, int],
+                               trainers: int) -> tuple[float, float]:
+    """The holdout AUC after one pass through the shards, and after one in a single process."""
+    coord, background = Etcd.connect(services), Background()
+    try:
+        run_job(services, coord, config, background, trainers)
+        wait_for(lambda: finished(coord, config.name), 240, "the job's single pass", interval=0.5)
+        wait_for(lambda: applied_exactly(redis_conn, config.name, counts, topic), 30,
+                 "pservers applied all")
+        distributed = holdout_auc(coord, redis_conn, config)
+    finally:
+        background.close()
+        coord.close()
+    local = LocalTrainer(config)
+    local.train(train)
+    return distributed, auc(LABELS, local.score(HOLDOUT))
+
+
 def test_two_trainers_two_pservers_reach_the_auc_of_a_single_process_run(services, etcd, redis_conn, topic_factory,
                                                                         unique, tmp_path) -> None:
     train = MODEL.examples(40_000)
@@ -126,18 +143,7 @@ def test_two_trainers_two_pservers_reach_the_auc_of_a_single_process_run(service
     # steps behind anyone's updates, its own included. Fully async, the gap grows with how far
     # the shards lag (0.0004-0.002 on a quiet box, 0.0145 once under CI's load).
     config = make_job(unique("auc"), topic, tmp_path, sgd="bounded", staleness=2)
-    coord, background = Etcd.connect(services), Background()
-    try:
-        run_job(services, coord, config, background)
-        wait_for(lambda: finished(coord, config.name), 240, "the job's single pass", interval=0.5)
-        wait_for(lambda: applied_exactly(redis_conn, config.name, counts, topic), 30, "pservers applied all")
-        distributed = holdout_auc(coord, redis_conn, config)
-    finally:
-        background.close()
-        coord.close()
-    local = LocalTrainer(config)
-    local.train(train)
-    single = auc(LABELS, local.score(HOLDOUT))
+    distributed, single = distributed_and_single_auc(services, redis_conn, config, train, topic, counts, trainers=2)
     print(f"holdout AUC: 2 trainers + 2 pservers ({config.train.sgd}) {distributed:.4f}, single process {single:.4f}")
     assert single > 0.74
     assert abs(distributed - single) < 0.01, (distributed, single)
@@ -155,37 +161,14 @@ def test_the_deep_built_ins_lose_no_accuracy_through_the_shards(services, etcd, 
     topic = topic_factory("clicks", partitions=2)
     counts = write_examples(services, topic, [e.to_json() for e in train], 2)
     config = make_job(unique("deep"), topic, tmp_path, factory=factory, sgd="sync")
-    coord, background = Etcd.connect(services), Background()
-    try:
-        run_job(services, coord, config, background, trainers=1)
-        wait_for(lambda: finished(coord, config.name), 240, "the job's single pass", interval=0.5)
-        wait_for(lambda: applied_exactly(redis_conn, config.name, counts, topic), 30, "pservers applied all")
-        distributed = holdout_auc(coord, redis_conn, config)
-    finally:
-        background.close()
-        coord.close()
-    local = LocalTrainer(config)
-    local.train(train)
-    single = auc(LABELS, local.score(HOLDOUT))
+    distributed, single = distributed_and_single_auc(services, redis_conn, config, train, topic, counts, trainers=1)
     print(f"holdout AUC, {factory}: 1 sync trainer + 2 pservers {distributed:.4f}, single process {single:.4f}")
     assert single > 0.72
     assert distributed > single - 0.01, (distributed, single)
 
 
 def dead_letters(services: Endpoints, job: str) -> list[DeadLetter]:
-    consumer = Consumer({"bootstrap.servers": services.kafka, "group.id": f"dlq-{time.time_ns()}",
-                         "enable.auto.commit": False})
-    consumer.assign([TopicPartition(Topics(job).dlq, 0, 0)])
-    _, end = consumer.get_watermark_offsets(TopicPartition(Topics(job).dlq, 0), timeout=10)
-    found = []
-    while end and (not found or found[-1][0] < end - 1):
-        msg = consumer.poll(5)
-        if msg is None:
-            break
-        if not msg.error():
-            found.append((msg.offset(), DeadLetter.from_json(msg.value())))
-    consumer.close()
-    return [d for _, d in found]
+    return [DeadLetter.from_json(msg.value()) for msg in read_partition(services, Topics(job).dlq)]
 
 
 def test_pushes_every_n_and_dense_pulls_every_m_mini_batches(services, etcd, redis_conn, topic_factory, unique,
@@ -287,16 +270,7 @@ def test_one_percent_garbage_trains_as_well_and_lands_exactly_in_the_dlq(service
 
 def committed(services: Endpoints, topic: str) -> list[bytes]:
     """The committed values of partition 0 of `topic`, from the start to its end now."""
-    consumer = Consumer({"bootstrap.servers": services.kafka, "group.id": f"probe-{time.time_ns()}"})
-    try:
-        _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
-    finally:
-        consumer.close()
-    reader = RangeReader(services, f"probe-{time.time_ns()}")
-    try:
-        return [msg.value() for msg in reader.read(topic, 0, 0, high)]
-    finally:
-        reader.close()
+    return [msg.value() for msg in read_partition(services, topic)]
 
 
 def committed_groups(services: Endpoints, topic: str) -> dict[tuple[str, int], list[int]]:

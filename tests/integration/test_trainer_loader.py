@@ -9,14 +9,14 @@ import signal
 
 import numpy as np
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
+from conftest import read_partition
 from infra import Endpoints
 from master.config import InputSection
 from producers.clickmodel import ClickModel
 from trainer.features import Featurizer
 from trainer.loader import LoaderError, LoaderSpec, RecordLoader
-from trainer.reader import RangeReader
 
 pytestmark = [pytest.mark.services]
 
@@ -41,16 +41,7 @@ def write_in_transactions(services: Endpoints, topic: str, values: list[bytes], 
 
 def offsets_of(services: Endpoints, topic: str) -> list[int]:
     """The offsets of partition 0's records (the high watermark after the last marker)."""
-    consumer = Consumer({"bootstrap.servers": services.kafka, "group.id": f"{topic}.probe"})
-    try:
-        _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
-    finally:
-        consumer.close()
-    reader = RangeReader(services, f"{topic}.probe")
-    try:
-        return [m.offset() for m in reader.read(topic, 0, 0, high)]
-    finally:
-        reader.close()
+    return [m.offset() for m in read_partition(services, topic)]
 
 
 def test_a_range_comes_back_exactly_in_chunks_with_its_bad_records(services, topic_factory) -> None:
