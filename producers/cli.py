@@ -7,12 +7,12 @@ stays fast.
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+
+from streamtrain.signals import stop_on_signals
 
 produce_app = typer.Typer(help="Write records to Kafka: a synthetic click log, or a file replay.",
                           no_args_is_help=True)
@@ -20,13 +20,6 @@ produce_app = typer.Typer(help="Write records to Kafka: a synthetic click log, o
 RateOpt = Annotated[float, typer.Option("--rate", help="Records per second (0 = as fast as Kafka takes them).")]
 PartitionsOpt = Annotated[int, typer.Option(
     "--partitions", help="Partitions of topics this command creates (existing topics are left as they are).")]
-
-
-def _stop_on_signals() -> threading.Event:
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    return stop
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -85,7 +78,7 @@ def synthetic_cmd(
         raise _fail(str(exc), 2) from exc
     endpoints = Endpoints.resolve()
     names = [t for t in (config.impressions_topic, config.clicks_topic, config.examples_topic) if t]
-    stop = _stop_on_signals()
+    stop = stop_on_signals()
     try:
         ensure_topics(endpoints, [TopicSpec(t, partitions) for t in names])
         stats = SyntheticSource(config, KafkaSink(endpoints.kafka)).run(stop)
@@ -120,7 +113,7 @@ def file_cmd(
     except ValueError as exc:
         raise _fail(str(exc), 2) from exc
     endpoints = Endpoints.resolve()
-    stop = _stop_on_signals()
+    stop = stop_on_signals()
     try:
         ensure_topics(endpoints, [TopicSpec(topic, partitions)])
         stats = FileReplay(config, KafkaSink(endpoints.kafka)).run(stop)
@@ -153,7 +146,7 @@ def join_cmd(
                               group=group or f"join-{output}")
     except ValueError as exc:
         raise _fail(str(exc), 2) from exc
-    stop = _stop_on_signals()
+    stop = stop_on_signals()
     try:
         Joiner(config, Endpoints.resolve().kafka).run(stop)
     except ProducerError as exc:

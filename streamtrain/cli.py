@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -15,6 +13,7 @@ from rich.table import Table
 
 from infra import Endpoints, InfraError, LocalServices, Ports
 from infra.endpoints import state_home
+from streamtrain.signals import stop_on_signals
 
 if TYPE_CHECKING:
     from master.config import JobConfig
@@ -170,7 +169,7 @@ def master_cmd(
     _setup_logging(verbose)
     config = _load_config(job)
     endpoints = Endpoints.resolve()
-    stop = _stop_on_signals()
+    stop = stop_on_signals()
     _serve_metrics(metrics_port, "master")
     etcd = Etcd.connect(endpoints)
     try:
@@ -207,7 +206,7 @@ def pserver_cmd(
     from pserver.shard import PserverShard, ShardLostError, ShardOptions
 
     _setup_logging(verbose)
-    stop = _stop_on_signals()
+    stop = stop_on_signals()
     _serve_metrics(metrics_port, "pserver")
     shard = PserverShard(Endpoints.resolve(), ShardOptions(
         _job_name(job), index, lease_ttl_s=lease_ttl_s, checkpoint_every_s=checkpoint_every_s))
@@ -241,7 +240,7 @@ def trainer_cmd(
     from trainer.worker import Trainer
 
     _setup_logging(verbose)
-    stop = _stop_on_signals()
+    stop = stop_on_signals()
     _serve_metrics(metrics_port, "trainer")
     try:
         Trainer(Endpoints.resolve(), _job_name(job), trainer_id, lease_ttl_s=lease_ttl_s).run(stop, max_tasks)
@@ -266,17 +265,10 @@ def curves_cmd(
 
     _setup_logging(verbose)
     try:
-        write_curves(Endpoints.resolve(), _job_name(job), logdir, _stop_on_signals(), from_beginning, until_end)
+        write_curves(Endpoints.resolve(), _job_name(job), logdir, stop_on_signals(), from_beginning, until_end)
     except RuntimeError as exc:
         err.print(f"error: {exc}", markup=False, highlight=False)
         raise typer.Exit(1) from exc
-
-
-def _stop_on_signals() -> threading.Event:
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    return stop
 
 
 @job_app.command("status")

@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from rich.live import Live
 
 from infra import Endpoints, LocalServices
 from infra.endpoints import ENV_ETCD, ENV_KAFKA, ENV_REDIS
+from streamtrain.signals import handle_stop_signals
 from streamtrain.supervisor import Supervisor
 
 INPUT_TOPIC = "demo.examples"
@@ -192,7 +192,7 @@ def run_demo(target: LocalServices | Endpoints, console: Console, *, home: Path 
         if home is None:
             raise ValueError("run_demo: give `home` (the state dir) with explicit endpoints")
     stop = threading.Event()
-    restore = _stop_on_signals(stop)
+    restore = handle_stop_signals(stop)
     supervisor = monitor = None
     snap = None
     events: list[str] = []
@@ -269,20 +269,6 @@ def _auc_at(history: list[tuple[float, float]], elapsed: float, every: int = 30)
         shown = [auc for at, auc in history if at <= t]
         marks[t] = round(shown[-1], 4) if shown else None
     return marks
-
-
-def _stop_on_signals(stop: threading.Event):
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    for sig in previous:
-        signal.signal(sig, lambda *_: stop.set())
-
-    def restore() -> None:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-    return restore
 
 
 def print_summary(console: Console, s: DemoSummary) -> None:

@@ -68,14 +68,15 @@ def run_job(endpoints: Endpoints, job_file: Path, config, console: Console, *, l
     """Run the job until SIGINT/SIGTERM (or `stop` is set). `config` is the loaded job file."""
     from infra.clients import TopicSpec, ensure_topics
     from schemas import Topics
-    from streamtrain.demo import _loop_headless, _stop_on_signals
+    from streamtrain.demo import _loop_headless
     from streamtrain.live import JobMonitor, headline
+    from streamtrain.signals import handle_stop_signals
     from streamtrain.supervisor import Supervisor, pid_alive
 
     started = time.monotonic()
     job, pservers = config.name, config.pservers.count
     stop = stop or threading.Event()
-    restore = _stop_on_signals(stop)
+    restore = handle_stop_signals(stop)
     supervisor = monitor = snap = None
     events: list[str] = []
     state: dict[str, object] = {"value": None, "checked": 0.0}
