@@ -138,6 +138,21 @@ def start_master(services: Endpoints) -> Iterator[Callable[[JobConfig], MasterTh
         c.close()
 
 
+_STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_process_outlives_its_test() -> Iterator[None]:
+    """SIGKILL whatever a test started and left running (a failed test's hung or frozen
+    process would otherwise run on, and load the box, for the rest of the session)."""
+    yield
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
 class StreamtrainProcess:
     """A `streamtrain ...` command as a real process, for kill and freeze tests."""
 
@@ -147,6 +162,7 @@ class StreamtrainProcess:
         self.log = log_dir / f"{name}.log"
         self.proc = subprocess.Popen([sys.executable, "-m", "streamtrain", *args], env=env,
                                      stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)
+        _STARTED.append(self.proc)
         self.name = name
 
     def kill(self, sig: int = 9) -> None:
