@@ -116,18 +116,28 @@ def run_job(services, etcd, config, background: Background, trainers: int = 2) -
         background.start(lambda stop, i=i: Trainer(services, config.name, f"t{i}", lease_ttl_s=2).run(stop))
 
 
-def distributed_and_single_auc(services, redis_conn, config, train, topic: str, counts: dict[int, int],
-                               trainers: int) -> tuple[float, float]:
-    """The holdout AUC after one pass through the shards, and after one in a single process."""
+def train_one_pass(services, redis_conn, config, topic: str, counts: dict[int, int], trainers: int,
+                   timeout_s: float = 240) -> None:
+    """A master, two shards and `trainers` trainers in this process, until the job's single
+    pass is done and every shard has applied every example."""
     coord, background = Etcd.connect(services), Background()
     try:
         run_job(services, coord, config, background, trainers)
-        wait_for(lambda: finished(coord, config.name), 240, "the job's single pass", interval=0.5)
-        wait_for(lambda: applied_exactly(redis_conn, config.name, counts, topic), 30,
-                 "pservers applied all")
-        distributed = holdout_auc(coord, redis_conn, config)
+        wait_for(lambda: finished(coord, config.name), timeout_s, "the job's single pass", interval=0.5)
+        wait_for(lambda: applied_exactly(redis_conn, config.name, counts, topic), 30, "pservers applied all")
     finally:
         background.close()
+        coord.close()
+
+
+def distributed_and_single_auc(services, redis_conn, config, train, topic: str, counts: dict[int, int],
+                               trainers: int) -> tuple[float, float]:
+    """The holdout AUC after one pass through the shards, and after one in a single process."""
+    train_one_pass(services, redis_conn, config, topic, counts, trainers)
+    coord = Etcd.connect(services)
+    try:
+        distributed = holdout_auc(coord, redis_conn, config)
+    finally:
         coord.close()
     local = LocalTrainer(config)
     local.train(train)
@@ -183,14 +193,7 @@ def test_pushes_every_n_and_dense_pulls_every_m_mini_batches(services, etcd, red
     monkeypatch.setattr(ParamSync, "send", lambda self, tables, ids, shards, dense: (
         dense_pulls.append(dense), send(self, tables, ids, shards, dense))[1])
     config = make_job(unique("every"), topic, tmp_path, push_every=3, pull_every=3, commit_every=0)
-    coord, background = Etcd.connect(services), Background()
-    try:
-        run_job(services, coord, config, background, trainers=1)
-        wait_for(lambda: finished(coord, config.name), 120, "the job's single pass", interval=0.5)
-        wait_for(lambda: applied_exactly(redis_conn, config.name, counts, topic), 30, "pservers applied all")
-    finally:
-        background.close()
-        coord.close()
+    train_one_pass(services, redis_conn, config, topic, counts, trainers=1, timeout_s=120)
     batch = config.model.batch_size
     batches = 0
     for shard in range(2):
@@ -216,15 +219,8 @@ def test_at_least_once_delivery_trains_without_transactions(services, etcd, redi
     topic = topic_factory("alo", partitions=2)
     counts = write_examples(services, topic, [e.to_json() for e in train], 2)
     config = make_job(unique("alo"), topic, tmp_path, delivery="at_least_once", commit_every=0)
-    coord, background = Etcd.connect(services), Background()
-    try:
-        run_job(services, coord, config, background, trainers=1)
-        wait_for(lambda: finished(coord, config.name), 120, "the job's single pass", interval=0.5)
-        # No fault, so at-least-once happens to be exactly once here.
-        wait_for(lambda: applied_exactly(redis_conn, config.name, counts, topic), 30, "pservers applied all")
-    finally:
-        background.close()
-        coord.close()
+    # No fault, so at-least-once happens to be exactly once here.
+    train_one_pass(services, redis_conn, config, topic, counts, trainers=1, timeout_s=120)
 
 
 def test_one_percent_garbage_trains_as_well_and_lands_exactly_in_the_dlq(services, etcd, redis_conn, topic_factory,
