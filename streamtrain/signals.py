@@ -20,9 +20,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _CLOSE = 0  # no signal has number 0: the byte that ends the watcher
 
 
-def stop_on_signals(stop: threading.Event | None = None) -> threading.Event:
+def stop_on_signals() -> threading.Event:
     """For a command's whole life: the returned event is set on SIGTERM or SIGINT."""
-    stop = stop or threading.Event()
+    stop = threading.Event()
     _install(stop)
     return stop
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from infra import Endpoints
 from infra.clients import TopicSpec, ensure_topics
@@ -21,7 +21,7 @@ from pserver.sharding import SlotMap
 from pserver.state import ShardState
 from schemas import (DeadLetter, DenseSlice, EtcdKeys, GradientDelta, PartitionCursor, RedisKeys, SparseRows,
                      TaskRecord, Topics)
-from conftest import StreamtrainProcess, job_config, publish_job, read_partition, wait_for
+from conftest import StreamtrainProcess, job_config, publish_job, read_partition, stable_ends, wait_for
 
 pytestmark = pytest.mark.services
 
@@ -73,18 +73,9 @@ def stats(redis_conn, job: str, shard: int = 0) -> dict:
     return json.loads(raw) if raw else {}
 
 
-def stable_end(services: Endpoints, topic: str) -> int:
-    consumer = Consumer({"bootstrap.servers": services.kafka, "group.id": "probe",
-                         "isolation.level": "read_committed"})
-    try:
-        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
-    finally:
-        consumer.close()
-
-
 def caught_up(services, redis_conn, job: str) -> bool:
-    s = stats(redis_conn, job)
-    return bool(s) and s["serving"] and s["offset"] >= stable_end(services, Topics(job).grad(0))
+    s, topic = stats(redis_conn, job), Topics(job).grad(0)
+    return bool(s) and s["serving"] and s["offset"] >= stable_ends(services, topic, 1)[(topic, 0)]
 
 
 def params(redis_conn, job: str) -> tuple[np.ndarray, dict]:

@@ -40,7 +40,7 @@ def write_in_transactions(services: Endpoints, topic: str, values: list[bytes], 
 
 
 def offsets_of(services: Endpoints, topic: str) -> list[int]:
-    """The offsets of partition 0's records (the high watermark after the last marker)."""
+    """The offsets of partition 0's records (markers take offsets in between)."""
     return [m.offset() for m in read_partition(services, topic)]
 
 
