@@ -6,8 +6,13 @@ WHEELS := $(wildcard /opt/wheels)
 PIP_FLAGS := $(if $(WHEELS),--find-links $(WHEELS),)
 # `make demo DURATION=120` stops the demo after 120 s; empty (the default) runs it until Ctrl-C.
 DURATION ?=
+# `make stress TEST=tests/integration/test_trainer.py::... N=20 LOAD=2`: the selection N times in
+# a row, stopping at the first failure, while LOAD busy loops keep that many cores busy.
+TEST ?=
+N ?= 20
+LOAD ?= 2
 
-.PHONY: setup system-deps kafka-jars test test-unit demo bench clean
+.PHONY: setup system-deps kafka-jars test test-unit stress demo bench clean
 
 setup: system-deps $(VENV)/.installed kafka-jars
 
@@ -28,6 +33,9 @@ test: setup
 
 test-unit: $(VENV)/.installed
 	$(PY) -m pytest tests/unit
+
+stress: setup
+	@tests/stress.sh "$(N)" "$(LOAD)" $(TEST)
 
 demo: setup
 	$(VENV)/bin/streamtrain demo $(if $(DURATION),--duration $(DURATION),)

@@ -64,6 +64,9 @@ class TaskFeed:
         self._abandoned: str | None = None  # task id the trainer gave up: stop reading it
         self._unbegun: list[ClaimedTask] = []  # claimed, first chunk not yet taken
         self._crashed: BaseException | None = None
+        # Times the feed found enough claimed ahead and waited: two more than at some moment
+        # prove it has since decided not to claim on what it held then (tests rely on it).
+        self.full_waits = 0
         self._lock = threading.Lock()
         self._begun = threading.Condition(self._lock)  # notified when the trainer begins a task
         self._thread = threading.Thread(target=self._run, name="task-feed", daemon=True)
@@ -124,6 +127,7 @@ class TaskFeed:
             with self._begun:
                 if (self._unbegun_offsets() >= self._ahead_records
                         or len(self._unbegun) >= MAX_AHEAD_TASKS):
+                    self.full_waits += 1
                     self._begun.wait(0.1)
                     continue
             task = self._claim_next()

@@ -216,7 +216,10 @@ class Trainer:
     def _train_fed(self, feed: TaskFeed, first: Chunk, stop: threading.Event) -> None:
         """Train one task from the feed and hand its end to the committer; a task lost, failed
         or given back ends here."""
-        self._task = first.task
+        # The chunk to abandon from, should the task end before its first mini-batch (a
+        # heartbeat finding it lost): a chunk of the task before would leave this one's rest
+        # in the feed, to be taken for the next task's first.
+        self._task, self._fed = first.task, first
         try:
             metrics = self.train_task(feed, first, stop)
             self.committer.end(self._task, self.delivery.take(), metrics)

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
@@ -22,6 +23,8 @@ from master.service import Master
 from master.tasks import ClaimedTask, TaskClient
 from schemas import EtcdKeys, PartitionCursor
 from trainer.reader import RangeReader
+
+T = TypeVar("T")
 
 
 def produce(endpoints: Endpoints, topic: str, per_partition: dict[int, int],
@@ -235,6 +238,13 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+def wait_for_value(probe: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
+    """The first value `probe` returns that is not None."""
+    found: list[T] = []
+    wait_for(lambda: (value := probe()) is not None and not found.append(value), timeout, what, interval)
+    return found[0]
 
 
 def assert_exact_cover(completed, ends: dict[tuple[str, int], int], pass_no: int = 0) -> None:

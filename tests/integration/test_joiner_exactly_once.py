@@ -3,7 +3,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 
 import pytest
@@ -47,7 +46,6 @@ def test_each_impression_yields_exactly_one_example_across_a_joiner_sigkill(serv
         assert 300 <= len(seen) < count, f"joiner produced {len(seen)} before the kill (log: {log})"
         first.send_signal(signal.SIGKILL)
         first.wait(30)
-        time.sleep(0.5)
         second = _joiner(services, imps, clks, out, group, log)
         writer.join(120)
         assert not writer.is_alive()

@@ -107,11 +107,12 @@ def test_master_frozen_past_its_lease_cannot_write_after_resuming(
     first = MasterProcess(services, job_file, "first", tmp_path)
     wait_for(lambda: leader_name(etcd, config.name) == "first", 30, "first to lead")
     second = MasterProcess(services, job_file, "second", tmp_path)
-    time.sleep(1)
     try:
+        wait_for(lambda: "standby:" in second.log.read_text(), 30, "second to stand by")
         first.kill(signal.SIGSTOP)
         wait_for(lambda: leader_name(etcd, config.name) == "second", 15, "second to take over")
-        time.sleep(0.5)  # let the new leader settle its first round
+        # Past its start-up writes (config, cursors): frozen now, it has no write in flight.
+        wait_for(lambda: "partition cursors" in second.log.read_text(), 15, "second to load the cursors")
         second.kill(signal.SIGSTOP)
         # New input: a resumed leader that still believed in itself would slice it.
         produce(services, topic, {0: 100})

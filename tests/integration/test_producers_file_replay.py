@@ -8,6 +8,7 @@ from collections import Counter
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import wait_for
 from topic_reader import read_topic
 
 from producers.replay import FileReplay, ReplayConfig
@@ -42,7 +43,7 @@ def test_a_looped_csv_replay_is_paced_and_stops_when_asked(services, topic_facto
     runner = threading.Thread(target=replay.run, args=(stop,))
     started = time.monotonic()
     runner.start()
-    time.sleep(1.5)
+    wait_for(lambda: replay.stats.passes >= 3, 30, "three passes over the file")
     stop.set()
     runner.join(30)
     elapsed = time.monotonic() - started

@@ -202,10 +202,19 @@ def test_ftrl_rows_touched_at_different_steps_match_the_reference_and_untouched_
     np.testing.assert_allclose(table, expected, rtol=0, atol=ATOL)
 
 
-def test_apply_on_an_empty_batch_changes_nothing():
-    for rule in (*TORCH_RULES, *FTRL_RULES):
-        rows = np.zeros((0, 4), dtype=np.float32)
-        rule.apply(rows, rows.copy(), fresh_state(rule, rows.shape), np.zeros(0, dtype=np.int64))
+@pytest.mark.parametrize("rule", [*TORCH_RULES, *FTRL_RULES], ids=repr)
+def test_apply_on_an_empty_batch_changes_nothing(rule):
+    """No rows selected (a shard whose slots no id of a group hashed to): the table and its
+    state, of which the batch is an empty slice, keep every value."""
+    rng = np.random.default_rng(5)
+    table = rng.standard_normal((6, 4), dtype=np.float32)
+    state = {name: rng.random((6, 4), dtype=np.float32) for name in rule.state_names}
+    before = table.copy(), {name: values.copy() for name, values in state.items()}
+    rule.apply(table[:0], np.zeros((0, 4), np.float32), {name: values[:0] for name, values in state.items()},
+               np.zeros(0, dtype=np.int64))
+    np.testing.assert_array_equal(table, before[0])
+    for name, values in state.items():
+        np.testing.assert_array_equal(values, before[1][name], err_msg=name)
 
 
 def test_builtins_satisfy_the_update_rule_protocol():

@@ -51,12 +51,20 @@ def wait_until(condition, timeout: float = 5.0) -> None:
         time.sleep(0.01)
 
 
+def assert_claims_no_more(feed: TaskFeed, tasks: Tasks) -> None:
+    """The feed has twice decided, on what it holds now, not to claim: the first such decision
+    may have begun before the state was reached, the second cannot have."""
+    claimed, waits = len(tasks.claimed), feed.full_waits
+    wait_until(lambda: feed.full_waits >= waits + 2)
+    assert len(tasks.claimed) == claimed
+
+
 def test_chunks_come_in_order_and_the_feed_claims_one_task_ahead_at_most() -> None:
     tasks = Tasks(count=4, size=25)
     feed = TaskFeed(tasks.claim, Ranges()).start()
     try:
-        time.sleep(0.2)
-        assert tasks.claimed == [tasks.claimed[0]]  # nothing begun yet: one task fed, no more
+        wait_until(lambda: len(tasks.claimed) == 1)
+        assert_claims_no_more(feed, tasks)  # nothing begun yet: one task fed, no more
         first = feed.first(timeout=5)
         got = [first.records]
         chunk = first
@@ -66,8 +74,7 @@ def test_chunks_come_in_order_and_the_feed_claims_one_task_ahead_at_most() -> No
             got.append(chunk.records)
         assert got == [list(range(10)), list(range(10, 20)), list(range(20, 25)), None]
         wait_until(lambda: len(tasks.claimed) == 2)  # the first begun: the second claimed
-        time.sleep(0.2)
-        assert len(tasks.claimed) == 2
+        assert_claims_no_more(feed, tasks)
     finally:
         feed.close()
 
@@ -77,13 +84,11 @@ def test_small_tasks_are_claimed_ahead_until_they_span_ahead_records() -> None:
     feed = TaskFeed(tasks.claim, Ranges(), chunks_ahead=16, ahead_records=60).start()
     try:
         wait_until(lambda: len(tasks.claimed) == 3)  # 0, 25, 50 offsets unbegun when claiming
-        time.sleep(0.2)
-        assert len(tasks.claimed) == 3  # 75 >= 60: no fourth
+        assert_claims_no_more(feed, tasks)  # 75 >= 60: no fourth
         first = feed.first(timeout=5)
         assert first.task.task_id == tasks.claimed[0]
         wait_until(lambda: len(tasks.claimed) == 4)  # 50 unbegun again: one more
-        time.sleep(0.2)
-        assert len(tasks.claimed) == 4
+        assert_claims_no_more(feed, tasks)
     finally:
         feed.close()
 
@@ -119,8 +124,7 @@ def test_tiny_tasks_are_claimed_ahead_a_few_at_most() -> None:
     feed = TaskFeed(tasks.claim, Ranges(), chunks_ahead=64, ahead_records=1000).start()
     try:
         wait_until(lambda: len(tasks.claimed) == MAX_AHEAD_TASKS)
-        time.sleep(0.2)
-        assert len(tasks.claimed) == MAX_AHEAD_TASKS  # far fewer than 1000 offsets, but no more
+        assert_claims_no_more(feed, tasks)  # far fewer than 1000 offsets, but no more
     finally:
         feed.close()
 
