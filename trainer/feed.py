@@ -11,20 +11,26 @@ tasks cut at the head of a live stream). Records are handed over in chunks throu
 (so a large task is never all in memory), and nothing is claimed while the job is paused.
 Tasks it claimed that the trainer never began are handed back by `close`, for the trainer
 to release.
+
+A task claimed ahead can wait in the feed longer than the job's task timeout (a slow task
+trains before it); the feed heartbeats it every `heartbeat_every_s` until it is begun, or the
+master would requeue it and, after a few such waits, fail it for good. The trainer takes it
+with the value of its last heartbeat (`Chunk.task`), and heartbeats it itself from then on.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from master.errors import CoordinationError
+from master.errors import CoordinationError, TaskLostError
 from master.tasks import ClaimedTask
 
 log = logging.getLogger(__name__)
@@ -41,8 +47,8 @@ class Chunk:
     """Records of one task in offset order; a chunk with `last` set ends the task, with no
     records, or with `error` if the range could not be read to its end."""
 
-    task: ClaimedTask
-    claimed_at: float  # time.monotonic() of the claim
+    task: ClaimedTask  # as of its last heartbeat, in the chunk `first` returns
+    claimed_at: float  # time.monotonic() of the claim, or of its last heartbeat in `first`'s chunk
     records: Any = None  # one chunk of the source's (a `trainer.loader.Loaded`)
     last: bool = False
     error: Exception | None = None  # the range could not be read (RangeReadError) or worse
@@ -54,8 +60,14 @@ MAX_AHEAD_TASKS = 4
 
 class TaskFeed:
     def __init__(self, claim: Callable[[], ClaimedTask | None], source: Source, max_tasks: int | None = None,
-                 chunks_ahead: int = 4, ahead_records: int = 1) -> None:
+                 chunks_ahead: int = 4, ahead_records: int = 1,
+                 heartbeat: Callable[[ClaimedTask], ClaimedTask] | None = None,
+                 heartbeat_every_s: float = 10.0) -> None:
         self._claim = claim
+        self._heartbeat = heartbeat
+        self._heartbeat_every_s = heartbeat_every_s
+        # Unbegun task id -> its value as of its claim or last heartbeat, and the time of that.
+        self._beats: dict[str, tuple[ClaimedTask, float]] = {}
         self._source = source
         self._max_tasks = max_tasks
         self._ahead_records = ahead_records
@@ -86,8 +98,9 @@ class TaskFeed:
             return None
         with self._begun:
             self._unbegun = [task for task in self._unbegun if task is not chunk.task]
+            latest = self._beats.pop(chunk.task.task_id, None)
             self._begun.notify()
-        return chunk
+        return chunk if latest is None else replace(chunk, task=latest[0], claimed_at=latest[1])
 
     def more(self) -> Chunk:
         """The next chunk of the task begun (blocks while the feed reads it)."""
@@ -111,7 +124,12 @@ class TaskFeed:
                 pass
             self._thread.join(0.05)
         with self._lock:
-            return list(self._unbegun)
+            return [self._latest(task) for task in self._unbegun]
+
+    def _latest(self, task: ClaimedTask) -> ClaimedTask:
+        """`task` as of its last heartbeat (lock held)."""
+        beat = self._beats.get(task.task_id)
+        return task if beat is None else beat[0]
 
     # -- the feed's thread ---------------------------------------------------------------
     def _run(self) -> None:
@@ -124,6 +142,7 @@ class TaskFeed:
     def _claim_and_read(self) -> None:
         claimed = 0
         while not self._closing.is_set() and (self._max_tasks is None or claimed < self._max_tasks):
+            self._keep_alive()
             with self._begun:
                 if (self._unbegun_offsets() >= self._ahead_records
                         or len(self._unbegun) >= MAX_AHEAD_TASKS):
@@ -148,6 +167,7 @@ class TaskFeed:
             return None
         with self._lock:
             self._unbegun.append(task)
+            self._beats[task.task_id] = (task, time.monotonic())
         return task
 
     def _unbegun_offsets(self) -> int:
@@ -173,5 +193,25 @@ class TaskFeed:
                 self._chunks.put(chunk, timeout=0.1)
                 return True
             except queue.Full:
-                pass
+                self._keep_alive()
         return False
+
+    def _keep_alive(self) -> None:
+        """Heartbeat the unbegun tasks last heartbeaten (or claimed) `heartbeat_every_s` ago.
+        The lock is held across each call, so the trainer never begins a task with a value
+        a heartbeat in flight is about to replace."""
+        if self._heartbeat is None:
+            return
+        now = time.monotonic()
+        with self._lock:
+            due = [task for task in self._unbegun
+                   if self._heartbeat_every_s <= now - self._beats[task.task_id][1] < math.inf]
+            for task in due:
+                try:
+                    self._beats[task.task_id] = (self._heartbeat(self._latest(task)), time.monotonic())
+                except TaskLostError:
+                    # Requeued already; beaten "never", so the trainer's own heartbeat finds
+                    # that as it begins the task, and drops it.
+                    self._beats[task.task_id] = (self._latest(task), -math.inf)
+                except CoordinationError as exc:
+                    log.warning("task feed: heartbeat of %s: %s; retrying", task.task_id, exc)

@@ -200,7 +200,9 @@ class Trainer:
 
     def _loop(self, stop: threading.Event, max_tasks: int | None) -> None:
         # Claimed ahead: at least a loader chunk's worth of records (trainer/feed.py).
-        feed = TaskFeed(self._next_task, self.loader, max_tasks, ahead_records=self._chunk_records).start()
+        feed = TaskFeed(self._next_task, self.loader, max_tasks, ahead_records=self._chunk_records,
+                        heartbeat=self.tasks.heartbeat,
+                        heartbeat_every_s=self.config.tasks.timeout_s / 3).start()
         done = 0
         try:
             while not stop.is_set() and (max_tasks is None or done < max_tasks):

@@ -5,9 +5,11 @@ further, unbegun tasks are handed back on close."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
+from master.errors import TaskLostError
 from master.tasks import ClaimedTask
 from schemas import TaskRecord
 from trainer.feed import MAX_AHEAD_TASKS, TaskFeed
@@ -170,3 +172,54 @@ def test_nothing_to_claim_waits_quietly() -> None:
         assert calls.is_set()
     finally:
         assert feed.close() == []
+
+
+class Beats:
+    """A heartbeat that counts, returning each task with a new value (as etcd's would);
+    `lost` tasks raise TaskLostError."""
+
+    def __init__(self, lost: set[str] = frozenset()) -> None:
+        self.calls: list[str] = []
+        self.lost = lost
+
+    def __call__(self, task: ClaimedTask) -> ClaimedTask:
+        self.calls.append(task.task_id)
+        if task.task_id in self.lost:
+            raise TaskLostError(task.task_id)
+        return ClaimedTask(task.record, task.value + b"+")
+
+
+def test_tasks_claimed_ahead_are_heartbeaten_until_begun_and_begun_as_last_heartbeaten() -> None:
+    """A slow task in training must not let the one claimed behind it time out: the feed
+    heartbeats it, and the trainer takes it with the value its heartbeats compare against."""
+    tasks, beats = Tasks(count=2, size=25), Beats()
+    ahead, behind = (task.task_id for task in tasks.todo)
+    feed = TaskFeed(tasks.claim, Ranges(), chunks_ahead=2, heartbeat=beats, heartbeat_every_s=0.02).start()
+    try:
+        wait_until(lambda: beats.calls.count(ahead) >= 3)  # unbegun, its chunks waiting for room
+        first = feed.first(timeout=5)
+        assert first.task.value == b"+" * beats.calls.count(first.task.task_id)
+        assert time.monotonic() - first.claimed_at < 5  # the last heartbeat's time, not the claim's
+        begun = beats.calls.count(first.task.task_id)
+        while not feed.more().last:
+            pass
+        wait_until(lambda: beats.calls.count(behind) >= 2)
+        assert beats.calls.count(ahead) == begun  # begun: the trainer's to heartbeat now
+        unbegun = feed.close()
+        assert [t.value for t in unbegun] == [b"+" * beats.calls.count(behind)]
+    finally:
+        feed.close()
+
+
+def test_a_task_lost_while_claimed_ahead_is_begun_as_due_for_a_heartbeat() -> None:
+    tasks = Tasks(count=1, size=25)
+    beats = Beats(lost={tasks.todo[0].task_id})
+    feed = TaskFeed(tasks.claim, Ranges(), heartbeat=beats, heartbeat_every_s=0.02).start()
+    try:
+        wait_until(lambda: len(beats.calls) == 1)
+        assert_claims_no_more(feed, tasks)
+        assert len(beats.calls) == 1  # lost: not heartbeaten again
+        first = feed.first(timeout=5)
+        assert first.claimed_at == -math.inf  # the trainer's check on beginning it finds it lost
+    finally:
+        feed.close()
