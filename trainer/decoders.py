@@ -8,9 +8,11 @@ a person can act on; the trainer dead-letters the record and goes on.
 `make_decoder` decodes one record into a `schemas.Example`. The trainer uses `ChunkDecoder`,
 which decodes many records straight into the job's `Columns`: for JSON, msgspec parses and
 type-checks each record in C against a schema that accepts only what `Example.from_json`
-accepts, and the remaining checks run vectorised over the chunk. A record the fast path
-refuses goes through `Example.from_json`, so its reason (and the verdict) are the same as one
-by one: the fast path decides speed, never acceptance.
+accepts, and the remaining checks run vectorised over the chunk; for CSV, pyarrow's reader
+splits the chunk's lines in C and its casts convert the numbers, with Python only for the
+cells they refuse. A record the fast path refuses goes through the one-record decoder, so its
+reason (and the verdict) are the same as one by one: the fast path decides speed, never
+acceptance.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from typing import Annotated, Literal
 
 import msgspec
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pv
 
 from master.config import CsvColumn, InputSection
 from schemas import Example, SchemaError
@@ -55,8 +60,11 @@ class ChunkDecoder:
         self.dense_features = dense_features
         self._one = make_decoder(section)
         self._fast = _JsonFast() if section.format == "json" else None
+        self._csv = _CsvFast(section.csv_columns, self.fields, dense_features) if section.format == "csv" else None
 
     def decode(self, values: Sequence[bytes | None]) -> Decoded:
+        if self._csv is not None:
+            return self._decode_csv(values)
         if self._fast is not None:
             picked, slow = self._fast.parse(values, self.dense_features)
         else:
@@ -75,6 +83,20 @@ class ChunkDecoder:
             # An id beyond 64 bits that the fast parser let through: judge its chunk one by one.
             return Decoded(*self._one_by_one(values))
         return Decoded(columns, bad)
+
+    def _decode_csv(self, values: Sequence[bytes | None]) -> Decoded:
+        fast, at, slow = self._csv.parse(values)
+        good, good_at, bad = [], [], []
+        for i in slow:
+            try:
+                good.append(self.fit(self._one(values[i])))
+                good_at.append(i)
+            except DecodeError as exc:
+                bad.append((i, str(exc)))
+        if not good:
+            return Decoded(fast, bad)
+        rest = Columns.gather(good, self.fields, self.dense_features)
+        return Decoded(Columns.interleave(fast, at, rest, np.array(good_at, dtype=np.int64)), bad)
 
     def _one_by_one(self, values: Sequence[bytes | None]) -> tuple[Columns, list[tuple[int, str]]]:
         good, bad = [], []
@@ -168,6 +190,145 @@ class _JsonFast:
         return True
 
 
+_DIGITS = "^[0-9]+$"
+
+
+class _CsvFast:
+    """CSV lines in C: pyarrow's reader splits a chunk's lines into cells, its casts convert
+    numbers and plain ids. A cell a cast refuses is converted in Python exactly as CsvDecoder
+    would (it strips, it takes '1_000' and raw categories); a line that still fails, has
+    another number of cells, is empty, quoted, or holds a line break, goes to CsvDecoder whole."""
+
+    def __init__(self, columns: tuple[CsvColumn, ...], fields: Sequence[str], dense_features: int) -> None:
+        self.columns = columns
+        self.names = [f"c{j}" for j in range(len(columns))]  # positional: the reader wants names
+        self.sparse = {c.name: j for j, c in enumerate(columns) if c.kind == "sparse"}
+        self.fields = tuple(fields)
+        self.dense = [j for j, c in enumerate(columns) if c.kind == "dense"]
+        self.label = next(j for j, c in enumerate(columns) if c.kind == "label")
+        self.time = next((j for j, c in enumerate(columns) if c.kind == "time"), None)
+        self.usable = len(self.dense) == dense_features  # else every record is refused, one by one
+        self._read = pv.ReadOptions(column_names=self.names, use_threads=False)
+        self._convert = pv.ConvertOptions(column_types={n: pa.string() for n in self.names},
+                                          strings_can_be_null=False, quoted_strings_can_be_null=False)
+
+    def parse(self, values: Sequence[bytes | None]) -> tuple[Columns, np.ndarray, list[int]]:
+        """(columns of the records decoded here, their positions, positions for CsvDecoder)."""
+        lines, at, slow = [], [], []
+        if self.usable:
+            for i, value in enumerate(values):
+                line = value.rstrip(b"\r\n") if value is not None else b""
+                if not line or b"\n" in line or b"\r" in line or b'"' in line:
+                    slow.append(i)
+                else:
+                    lines.append(line)
+                    at.append(i)
+        else:
+            slow = list(range(len(values)))
+        try:
+            b"\n".join(lines).decode("utf-8")
+        except UnicodeDecodeError:  # rare: find the lines that are not UTF-8
+            bad = [k for k, line in enumerate(lines) if not _utf8(line)]
+            slow.extend(at[k] for k in bad)
+            lines = [line for k, line in enumerate(lines) if k not in set(bad)]
+            at = [i for k, i in enumerate(at) if k not in set(bad)]
+        if not lines:
+            return _empty_columns(len(self.fields), len(self.dense)), np.zeros(0, dtype=np.int64), sorted(slow)
+        wrong: list[int] = []
+
+        def skip(row: pv.InvalidRow) -> str:
+            wrong.append(row.number - 1)  # 1-based line numbers
+            return "skip"
+
+        table = pv.read_csv(pa.py_buffer(b"\n".join(lines)), read_options=self._read, convert_options=self._convert,
+                            parse_options=pv.ParseOptions(invalid_row_handler=skip))
+        at = np.asarray(at, dtype=np.int64)
+        if wrong:
+            keep = np.ones(len(at), dtype=bool)
+            keep[wrong] = False
+            slow.extend(at[~keep].tolist())
+            at = at[keep]
+        n = len(at)
+        ok = np.ones(n, dtype=bool)
+        cells = [table.column(name) for name in self.names]
+        dense = np.stack([self._numbers(cells[j], ok, float) for j in self.dense], axis=1) if self.dense \
+            else np.zeros((n, 0))
+        labels = self._numbers(cells[self.label], ok, float)
+        times = self._numbers(cells[self.time], ok, int, pa.int64()) if self.time is not None \
+            else np.zeros(n, dtype=np.int64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            dense32 = dense.astype(np.float32)
+            ok &= np.isfinite(dense32).all(axis=1) & np.isfinite(dense).all(axis=1)
+            ok &= (labels >= 0.0) & (labels <= 1.0) & (times >= 0)
+        sparse = [self._ids(cells[self.sparse[f]], ok) if f in self.sparse
+                  else (np.zeros(0, dtype=np.uint64), np.zeros(n, dtype=np.int64)) for f in self.fields]
+        if not ok.all():
+            slow.extend(at[~ok].tolist())
+            sparse = [_rows(ids, counts, ok) for ids, counts in sparse]
+            dense32, labels, times, at = dense32[ok], labels[ok], times[ok], at[ok]
+        slow.sort()
+        return Columns(tuple(sparse), dense32, labels.astype(np.float32), times.astype(np.int64)), at, slow
+
+    @staticmethod
+    def _numbers(column: pa.ChunkedArray, ok: np.ndarray, parse, arrow_type: pa.DataType = pa.float64()
+                 ) -> np.ndarray:
+        """The column as numbers; a cell neither pyarrow's cast nor `parse` (after strip)
+        takes clears its row in `ok`."""
+        try:
+            return pc.cast(column, arrow_type).to_numpy()
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass
+        out = np.zeros(len(column), dtype=np.float64 if parse is float else np.int64)
+        for k, cell in enumerate(column.to_pylist()):
+            try:
+                out[k] = parse(cell.strip())
+            except (ValueError, OverflowError):
+                ok[k] = False
+        return out
+
+    @staticmethod
+    def _ids(column: pa.ChunkedArray, ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One id per cell where every cell is a plain number that fits 64 bits (in C); else
+        each cell as CsvDecoder splits and hashes it."""
+        if pc.all(pc.match_substring_regex(column, _DIGITS)).as_py():
+            try:
+                return pc.cast(column, pa.uint64()).to_numpy(), np.ones(len(column), dtype=np.int64)
+            except pa.ArrowInvalid:
+                pass  # beyond 2^64 - 1: refused one by one
+        ids, counts = [], np.zeros(len(column), dtype=np.int64)
+        for k, cell in enumerate(column.to_pylist()):
+            try:
+                row = [int(t) if t.isdigit() else stable_id(t) for t in cell.strip().split("|") if t]
+            except ValueError:  # a digit int() does not take ('²')
+                ok[k] = False
+                continue
+            if any(i > 2**64 - 1 for i in row):
+                ok[k] = False
+                continue
+            ids += row
+            counts[k] = len(row)
+        return np.array(ids, dtype=np.uint64), counts
+
+
+def _utf8(line: bytes) -> bool:
+    try:
+        line.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def _rows(ids: np.ndarray, counts: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (ids, counts) of the examples `keep` selects."""
+    return ids[np.repeat(keep, counts)], counts[keep]
+
+
+def _empty_columns(fields: int, dense_features: int) -> Columns:
+    return Columns(tuple((np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)) for _ in range(fields)),
+                   np.zeros((0, dense_features), dtype=np.float32), np.zeros(0, dtype=np.float32),
+                   np.zeros(0, dtype=np.int64))
+
+
 def make_decoder(section: InputSection) -> Decoder:
     if section.format == "json":
         return _guarded(Example.from_json)
@@ -229,7 +390,10 @@ class CsvDecoder:
         self.columns = columns
 
     def __call__(self, value: bytes) -> Example:
-        rows = list(csv.reader([value.decode("utf-8").rstrip("\r\n")]))
+        try:
+            rows = list(csv.reader([value.decode("utf-8").rstrip("\r\n")]))
+        except csv.Error as exc:  # a line break inside the record, say: that record is bad
+            raise DecodeError(f"csv: {exc}") from exc
         cells = rows[0] if rows else []
         if len(cells) != len(self.columns):
             raise DecodeError(f"csv: {len(cells)} columns, the job declares {len(self.columns)}")

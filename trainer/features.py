@@ -37,6 +37,23 @@ class Columns:
     def __len__(self) -> int:
         return len(self.labels)
 
+    @staticmethod
+    def interleave(first: Columns, at: np.ndarray, second: Columns, second_at: np.ndarray) -> Columns:
+        """One Columns of both, example i of `first` at position `at[i]` and so on (the
+        positions of the two together are 0..n-1)."""
+        order = np.argsort(np.concatenate([at, second_at]), kind="stable")
+        sparse = []
+        for (a_ids, a_counts), (b_ids, b_counts) in zip(first.sparse, second.sparse):
+            ids, counts = np.concatenate([a_ids, b_ids]), np.concatenate([a_counts, b_counts])
+            starts = (np.cumsum(counts) - counts)[order]
+            counts = counts[order]
+            # Each example's ids, in the new order: its start, plus 0..count-1.
+            within = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+            sparse.append((ids[np.repeat(starts, counts) + within], counts))
+        return Columns(tuple(sparse), np.concatenate([first.dense, second.dense])[order],
+                       np.concatenate([first.labels, second.labels])[order],
+                       np.concatenate([first.event_time_ms, second.event_time_ms])[order])
+
     @classmethod
     def gather(cls, examples: Sequence, fields: Sequence[str], dense_features: int) -> Columns:
         """From objects with `sparse` (a mapping of field to ids), `dense`, `label` and

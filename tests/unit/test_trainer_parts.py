@@ -214,3 +214,50 @@ def test_chunk_decoder_verdicts_equal_one_by_one_verdicts(docs) -> None:
         np.testing.assert_array_equal(counts, want_counts)
     for name in ("dense", "labels", "event_time_ms"):
         np.testing.assert_array_equal(getattr(decoded.columns, name), getattr(want, name), err_msg=name)
+
+
+_CSV_SECTION = config(format='"csv"', csv_columns='["y:label", "user:sparse", "price:dense", "os:sparse", '
+                                                    '"rate:dense", "ts:time"]').input
+_numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr),
+                     st.integers(-10, 10**40).map(str),
+                     st.sampled_from(["1_000", " 2.5", "2.5 ", "1e400", ".5", "5.", "+3", "0x10", "٣", "", "1e-50"]))
+_sparse_cells = st.one_of(st.integers(0, 2**64 + 5).map(str),
+                          st.lists(st.integers(0, 99).map(str) | st.sampled_from(["ios", "", " 7", "²", "٣"]),
+                                   max_size=3).map("|".join))
+_csv_lines = st.one_of(
+    st.tuples(_numbers | st.sampled_from(["0", "1", "0.25"]), _sparse_cells, _numbers, _sparse_cells, _numbers,
+              st.integers(-5, 2**64).map(str) | st.sampled_from(["1_0", " 9"])).map(lambda cells: ",".join(cells)),
+    st.sampled_from(["", "1,2", "1,2,3,4,5,6,7", '1,"2,3",4,5,6,7', "1,2,\n3,4,5,6", "\r\n", "0,1,2,3,4,5\r\n"]),
+).map(lambda line: line.encode() + b"\n") | st.sampled_from([None, b"\xff\xfe,1,2,3,4,5", b"1,2,3,4,5,6\xff"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_csv_lines, min_size=1, max_size=12))
+def test_csv_chunks_decode_as_one_by_one_does(values) -> None:
+    """pyarrow's reader and casts decide speed only: the same records are accepted, with the
+    same columns, and the same refused with the same reasons."""
+    fields = ("user", "os", "absent")
+    decoder, one = ChunkDecoder(_CSV_SECTION, fields, 2), make_decoder(_CSV_SECTION)
+    accepted, reasons = [], {}
+    for i, value in enumerate(values):
+        try:
+            accepted.append(decoder.fit(one(value)))
+        except DecodeError as exc:
+            reasons[i] = str(exc)
+    decoded = decoder.decode(values)
+    assert dict(decoded.bad) == reasons
+    want = Columns.gather(accepted, fields, 2)
+    for (ids, counts), (want_ids, want_counts) in zip(decoded.columns.sparse, want.sparse):
+        np.testing.assert_array_equal(ids, want_ids)
+        np.testing.assert_array_equal(counts, want_counts)
+    for name in ("dense", "labels", "event_time_ms"):
+        np.testing.assert_array_equal(getattr(decoded.columns, name), getattr(want, name), err_msg=name)
+
+
+def test_a_clean_csv_chunk_is_decoded_without_the_one_record_decoder(monkeypatch) -> None:
+    decoder = ChunkDecoder(_CSV_SECTION, ("user", "os"), 2)
+    monkeypatch.setattr(decoder, "_one", lambda value: pytest.fail(f"{value!r} went one by one"))
+    decoded = decoder.decode([f"{i % 2},{i},0.5,{i * 7},-{i}.25,{1000 + i}\n".encode() for i in range(300)])
+    assert len(decoded.columns) == 300 and not decoded.bad
+    assert decoded.columns.sparse[1][0][:3].tolist() == [0, 7, 14]
+    assert decoded.columns.dense[3].tolist() == [0.5, -3.25] and decoded.columns.event_time_ms[-1] == 1299
