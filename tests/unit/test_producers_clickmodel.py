@@ -96,3 +96,31 @@ def test_auc_refuses_a_single_class():
 def test_config_errors_name_the_setting():
     with pytest.raises(ValueError, match="drift_every"):
         ClickModelConfig(drift_every=-1)
+
+
+@pytest.mark.parametrize("interaction, match", [(("ad", "ad"), "interaction"), (("ad", "nope"), "interaction"),
+                                                (("ad",), "interaction")])
+def test_an_interaction_must_name_two_fields_of_the_model(interaction, match):
+    with pytest.raises(ValueError, match=match):
+        ClickModelConfig(interaction=interaction, interaction_std=1.0)
+
+
+def test_the_production_workload_has_the_documented_shape_ctr_and_ceiling():
+    model = ClickModel(ClickModelConfig.production())
+    assert len(model.fields) == 8 and model.dense_features == 4
+    assert max(f.cardinality for f in model.config.fields) == 10**6
+    assert min(f.cardinality for f in model.config.fields) == 10**3
+    examples = model.examples(50_000, start=300_000)
+    assert 0.23 <= np.mean([e.label for e in examples]) <= 0.29
+    assert 0.82 <= model.best_auc(50_000) <= 0.86
+
+
+def test_the_interaction_is_part_of_the_probability_and_a_pure_function_of_the_ids():
+    config = ClickModelConfig.production(drift_every=0)
+    with_it, without = ClickModel(config), ClickModel(ClickModelConfig(**{**config.__dict__, "interaction_std": 0.0}))
+    examples = with_it.examples(2000, start=40)
+    p, q = with_it.probabilities(examples, start=40), without.probabilities(examples, start=40)
+    logit = np.log(p / (1 - p)) - np.log(q / (1 - q))
+    assert 0.7 < logit.std() < 1.3  # interaction_std 1.0
+    same = ClickModel(config).probabilities(examples[1000:], start=1040)
+    np.testing.assert_allclose(same, p[1000:])

@@ -1,0 +1,394 @@
+"""A whole job against the bare PyTorch loop a user would write, on the same records, in one run.
+
+    python -m bench.e2e [--records 1000000] [--holdout 100000] [--model widedeep]
+                        [--trainers 1 2] [--formats csv json] [--set train.commit_every=1 ...]
+                        [--out report.json]
+
+The workload looks like production CTR data (`ClickModelConfig.production()`: 8 fields with
+Zipf ids and vocabularies from 10^3 to 10^6, 4 dense features, an ad x site interaction,
+drift). The first `--records` impressions are the training log, the `--holdout` after them
+score both models.
+
+- **Bare loop**: one process, the examples as tensors in memory (ids hashed once, up front),
+  `nn.Embedding(sparse=True)` tables under SparseAdam and the dense layers under Adam, one pass
+  in log order. Written as a user would, with no streamtrain code in its loop.
+- **Job runs**: the log on a 2-partition topic as CSV and as JSON; for each format and each
+  trainer count, a job over one bounded pass: a master, 2 pserver shards and N trainers as
+  their own processes on local Kafka, etcd and Redis. The job file sets only what the workload
+  and model need (fields, widths, `hash_buckets`, batch 512, Adam at 0.01, as the bare loop);
+  `[train]` and `[tasks]` keep their defaults unless `--set` changes them.
+
+Reported per run: examples/s in steady state (10%-90% of the records applied, from the shards'
+stats) and including start-up, the ratio to the bare loop, holdout AUC and its gap to the bare
+loop's, mean predicted p against the observed CTR, CPU microseconds per record of each process
+kind, and peak RSS. Prints a table, then the JSON report (also to `--out`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from confluent_kafka import Producer
+from torch import nn
+
+from infra import Endpoints, LocalServices, Ports
+from infra.clients import TopicSpec, ensure_topics, redis_client
+from master.config import JobConfig
+from master.etcd import Etcd
+from producers.clickmodel import ClickModel, ClickModelConfig, ImpressionColumns, auc
+from pserver.sharding import SlotMap
+from schemas import EtcdKeys, Example, RedisKeys
+from trainer.scoring import Scorer
+
+MODELS = {"lr": "trainer.models:LogisticRegression", "widedeep": "trainer.models:WideDeep",
+          "deepfm": "trainer.models:DeepFM"}
+EMBEDDING_DIM = 8
+HASH_BUCKETS = 1 << 22
+BATCH = 512
+LEARNING_RATE = 0.01
+
+
+# -------------------------------------------------------------------------- the workload
+@dataclass(frozen=True)
+class Workload:
+    model: ClickModel
+    train: ImpressionColumns
+    holdout: ImpressionColumns
+
+    @classmethod
+    def make(cls, records: int, holdout: int) -> Workload:
+        model = ClickModel(ClickModelConfig.production())
+        return cls(model, model.columns(records), model.columns(holdout, start=records))
+
+    def csv_lines(self) -> list[bytes]:
+        """One line per record: the fields' ids, the dense features, the label, the event time."""
+        c = self.train
+        columns = [c.ids[f].astype(str) for f in self.model.fields]
+        columns += [np.char.mod("%.6g", c.dense[:, j]) for j in range(c.dense.shape[1])]
+        columns += [c.clicked.astype(np.int8).astype(str), (c.index + self.model.config.origin_ms).astype(str)]
+        return [",".join(row).encode() for row in zip(*(col.tolist() for col in columns))]
+
+    def csv_columns(self) -> list[str]:
+        return ([f"{f}:sparse" for f in self.model.fields] + [f"d{j}:dense" for j in range(self.model.dense_features)]
+                + ["clicked:label", "ts:time"])
+
+    def json_records(self) -> list[bytes]:
+        return [e.to_json() for e in examples(self.model, self.train)]
+
+
+def examples(model: ClickModel, c: ImpressionColumns) -> list[Example]:
+    ids = [c.ids[f].tolist() for f in model.fields]
+    dense, labels = c.dense.astype(np.float64).tolist(), c.clicked.astype(np.float64).tolist()
+    times = (c.index + model.config.origin_ms).tolist()
+    return [Example({f: (col[k],) for f, col in zip(model.fields, ids)}, tuple(dense[k]), labels[k], times[k])
+            for k in range(len(labels))]
+
+
+# -------------------------------------------------------------------------- the bare loop
+class BareModel(nn.Module):
+    """The model a user would write for one id per field: sparse embedding tables looked up by
+    hashed id, the same dense layers as streamtrain's built-in of the same name."""
+
+    def __init__(self, kind: str, fields: int, dense: int, dim: int, buckets: int) -> None:
+        super().__init__()
+        self.kind = kind
+        self.first = nn.Embedding(buckets, 1, sparse=True)
+        self.second = nn.Embedding(buckets, dim, sparse=True) if kind != "lr" else None
+        for table in (self.first, self.second):
+            if table is not None:
+                nn.init.uniform_(table.weight, -0.01, 0.01)
+        if kind == "lr":
+            self.linear = nn.Linear(dense, 1)
+        else:
+            self.mlp = nn.Sequential(nn.Linear(fields * dim + dense, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(),
+                                     nn.Linear(32, 1))
+
+    def forward(self, idx: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        logit = self.first(idx).sum(dim=(1, 2))
+        if self.kind == "lr":
+            return logit + self.linear(dense).squeeze(1)
+        v = self.second(idx)
+        logit = logit + self.mlp(torch.cat([v.flatten(1), dense], dim=1)).squeeze(1)
+        if self.kind == "deepfm":
+            logit = logit + 0.5 * (v.sum(dim=1).pow(2) - v.pow(2).sum(dim=1)).sum(dim=1)
+        return logit
+
+
+def hashed(model: ClickModel, c: ImpressionColumns, buckets: int) -> torch.Tensor:
+    """(n, fields) row indexes: each field's ids salted by the field, modulo the buckets."""
+    idx = np.stack([(c.ids[f] * 1_000_003 + j * 7_919_993) % buckets for j, f in enumerate(model.fields)], axis=1)
+    return torch.from_numpy(idx.astype(np.int64))
+
+
+def bare_loop(work: Workload, kind: str) -> dict:
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = BareModel(kind, len(work.model.fields), work.model.dense_features, EMBEDDING_DIM, HASH_BUCKETS)
+    tables = [p for n, p in model.named_parameters() if n.endswith("weight") and p.dim() == 2
+              and p.shape[0] == HASH_BUCKETS]
+    dense_params = [p for p in model.parameters() if all(p is not t for t in tables)]
+    sparse_opt = torch.optim.SparseAdam(tables, lr=LEARNING_RATE)
+    dense_opt = torch.optim.Adam(dense_params, lr=LEARNING_RATE)
+    idx, dense = hashed(work.model, work.train, HASH_BUCKETS), torch.from_numpy(work.train.dense)
+    labels = torch.from_numpy(work.train.clicked.astype(np.float32))
+    began, cpu = time.perf_counter(), time.process_time()
+    for i in range(0, len(labels), BATCH):
+        loss = F.binary_cross_entropy_with_logits(model(idx[i:i + BATCH], dense[i:i + BATCH]), labels[i:i + BATCH])
+        sparse_opt.zero_grad()
+        dense_opt.zero_grad()
+        loss.backward()
+        sparse_opt.step()
+        dense_opt.step()
+    wall, cpu = time.perf_counter() - began, time.process_time() - cpu
+    with torch.no_grad():
+        scores = torch.sigmoid(model(hashed(work.model, work.holdout, HASH_BUCKETS),
+                                     torch.from_numpy(work.holdout.dense))).numpy()
+    records = len(labels)
+    return {"run": "bare loop", "examples_per_s": round(records / wall), "train_s": round(wall, 1),
+            "cpu_us_per_record": {"bare loop": round(cpu / records * 1e6, 1)}, **quality(work, scores)}
+
+
+def quality(work: Workload, scores: np.ndarray) -> dict:
+    ctr = float(work.holdout.clicked.mean())
+    return {"holdout_auc": round(auc(work.holdout.clicked, scores), 4), "mean_p": round(float(scores.mean()), 4),
+            "observed_ctr": round(ctr, 4), "mean_p_error": round(float(scores.mean()) / ctr - 1, 3)}
+
+
+# -------------------------------------------------------------------------- a job run
+def job_toml(name: str, topic: str, fmt: str, work: Workload, model: str, ckpt: Path,
+             overrides: dict[str, dict[str, str]]) -> str:
+    sections: dict[str, dict[str, str]] = {
+        "job": {"name": json.dumps(name)},
+        "input": {"topics": json.dumps([topic]), "passes": "1", "format": json.dumps(fmt)},
+        "model": {"factory": json.dumps(model), "sparse_fields": json.dumps(list(work.model.fields)),
+                  "dense_features": str(work.model.dense_features), "embedding_dim": str(EMBEDDING_DIM),
+                  "hash_buckets": str(HASH_BUCKETS), "batch_size": str(BATCH)},
+        "train": {"learning_rate": str(LEARNING_RATE)},
+        "pservers": {"count": "2", "optimizer": json.dumps("adam"), "checkpoint_uri": json.dumps(ckpt.as_uri())},
+    }
+    if fmt == "csv":
+        sections["input"]["csv_columns"] = json.dumps(work.csv_columns())
+    for section, values in overrides.items():
+        sections.setdefault(section, {}).update(values)
+    return "".join(f"[{s}]\n" + "".join(f"{k} = {v}\n" for k, v in values.items()) for s, values in sections.items())
+
+
+def produce(endpoints: Endpoints, topic: str, values: list[bytes]) -> None:
+    ensure_topics(endpoints, [TopicSpec(topic, 2)])
+    producer = Producer({"bootstrap.servers": endpoints.kafka, "linger.ms": 20, "enable.idempotence": True,
+                         "compression.type": "lz4"})
+    for i, value in enumerate(values):
+        while True:
+            try:
+                producer.produce(topic, value, partition=i % 2)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(120)
+
+
+def proc_stat(pid: int) -> tuple[float, int] | None:
+    """(CPU seconds used, peak RSS in bytes) of a live process."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    peak = next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:")), 0)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), peak
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return found
+
+
+class Usage:
+    """CPU and peak RSS per process kind, sampled while the run goes (a process's figures are
+    read for the last time while it still lives)."""
+
+    def __init__(self, kinds: dict[str, list[int]]) -> None:
+        self.kinds = kinds
+        self.baseline = {pid: s[0] for pids in kinds.values() for pid in pids if (s := proc_stat(pid))}
+        self.last: dict[int, tuple[float, int]] = {}
+
+    def sample(self, trainer_pids: list[int]) -> None:
+        self.kinds["loader"] = sorted(set(self.kinds.get("loader", [])) | {c for t in trainer_pids for c in children(t)})
+        for pids in self.kinds.values():
+            for pid in pids:
+                stat = proc_stat(pid)
+                if stat is not None:
+                    self.last[pid] = stat
+
+    def report(self, records: int) -> tuple[dict[str, float], dict[str, float]]:
+        cpu, rss = {}, {}
+        for kind, pids in self.kinds.items():
+            used = [self.last[p][0] - self.baseline.get(p, 0.0) for p in pids if p in self.last]
+            cpu[kind] = round(sum(used) / records * 1e6, 1)
+            rss[kind] = round(max((self.last[p][1] for p in pids if p in self.last), default=0) / 2**20)
+        return cpu, rss
+
+
+def applied(redis_conn, job: str) -> int:
+    """Examples applied by the shard that has applied fewest (each applies every example)."""
+    counts = []
+    for shard in range(2):
+        raw = redis_conn.get(RedisKeys(job).stats(shard))
+        counts.append(json.loads(raw).get("examples", 0) if raw else 0)
+    return min(counts)
+
+
+def job_run(endpoints: Endpoints, services: dict[str, int], work: Workload, fmt: str, topic: str, trainers: int,
+            model: str, home: Path, overrides: dict[str, dict[str, str]], timeout_s: float) -> dict:
+    name = f"e2e-{fmt}-{trainers}t-{time.time_ns() % 10**9}"
+    job_file = home / f"{name}.toml"
+    job_file.write_text(job_toml(name, topic, fmt, work, model, home / "ckpt" / name, overrides))
+    config = JobConfig.from_toml(job_file.read_text())
+    env = dict(os.environ, STREAMTRAIN_KAFKA=endpoints.kafka, STREAMTRAIN_ETCD=endpoints.etcd,
+               STREAMTRAIN_REDIS=endpoints.redis)
+    log = open(home / f"{name}.log", "ab")
+
+    def start(*args: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "streamtrain", *args], env=env, stdout=log,
+                                stderr=subprocess.STDOUT)
+
+    records = len(work.train.clicked)
+    redis_conn, etcd = redis_client(endpoints), Etcd.connect(endpoints)
+    began = time.monotonic()
+    procs = {"master": [start("master", "--job", str(job_file))],
+             "shard": [start("pserver", "--job", name, "--index", str(i)) for i in range(2)],
+             "trainer": [start("trainer", "--job", name, "--id", f"t{i}") for i in range(trainers)]}
+    usage = Usage({"broker": [services["kafka"]], "redis": [services["redis"]], "etcd": [services["etcd"]],
+                   **{kind: [p.pid for p in ps] for kind, ps in procs.items()}})
+    progress: list[tuple[float, int]] = []
+    try:
+        while True:
+            now, done = time.monotonic(), applied(redis_conn, name)
+            progress.append((now, done))
+            usage.sample([p.pid for p in procs["trainer"]])
+            if done >= records:
+                break
+            dead = [kind for kind, ps in procs.items() for p in ps if p.poll() is not None]
+            if dead or now - began > timeout_s:
+                raise RuntimeError(f"{name}: {'stopped: ' + ', '.join(dead) if dead else 'timed out'}; "
+                                   f"see {home / (name + '.log')}")
+            time.sleep(0.5)
+        wall = time.monotonic() - began
+        slot_map = SlotMap.from_json(etcd.get(EtcdKeys(name).slots).value)
+        scores = Scorer(config, redis_conn, slot_map).score(examples(work.model, work.holdout))
+    finally:
+        for p in (p for ps in procs.values() for p in ps):
+            p.terminate()
+        for p in (p for ps in procs.values() for p in ps):
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        log.close()
+        redis_conn.close()
+        etcd.close()
+    cpu, rss = usage.report(records)
+    return {"run": f"job {fmt}, {trainers} trainer{'s' * (trainers > 1)}", "format": fmt, "trainers": trainers,
+            "examples_per_s": steady_rate(progress, records), "examples_per_s_with_startup": round(records / wall),
+            "wall_s": round(wall, 1), "cpu_us_per_record": cpu, "peak_rss_mib": rss, **quality(work, scores)}
+
+
+def steady_rate(progress: list[tuple[float, int]], records: int) -> int:
+    """Examples/s between 10% and 90% of the records applied."""
+    t = np.array([p[0] for p in progress])
+    n = np.array([p[1] for p in progress], dtype=np.float64)
+    lo, hi = np.interp([0.1 * records, 0.9 * records], n, t) if n[-1] > n[0] else (t[0], t[-1])
+    return round(0.8 * records / max(hi - lo, 1e-9))
+
+
+# -------------------------------------------------------------------------- report
+def table(runs: list[dict], bare: dict) -> str:
+    head = f"{'run':<24} {'ex/s':>8} {'ratio':>6} {'ex/s all':>9} {'AUC':>7} {'gap':>7} {'mean p':>7} {'CTR':>6}  CPU us/record"
+    lines = [head, "-" * len(head)]
+    for r in [bare, *runs]:
+        ratio = r["examples_per_s"] / bare["examples_per_s"]
+        cpu = " ".join(f"{k} {v:g}" for k, v in r["cpu_us_per_record"].items())
+        lines.append(f"{r['run']:<24} {r['examples_per_s']:>8} {ratio:>6.2f} {r.get('examples_per_s_with_startup', ''):>9} "
+                     f"{r['holdout_auc']:>7.4f} {r['holdout_auc'] - bare['holdout_auc']:>+7.4f} {r['mean_p']:>7.4f} "
+                     f"{r['observed_ctr']:>6.3f}  {cpu}")
+    return "\n".join(lines)
+
+
+def parse_sets(items: list[str]) -> dict[str, dict[str, str]]:
+    """`section.key=value` (value as TOML) into {section: {key: value}}."""
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        section, dot, name = key.partition(".")
+        if not sep or not dot or not section or not name:
+            raise SystemExit(f"--set {item!r}: expected section.key=value, e.g. train.commit_every=1")
+        out.setdefault(section, {})[name] = value
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--holdout", type=int, default=100_000)
+    parser.add_argument("--model", choices=sorted(MODELS), default="widedeep")
+    parser.add_argument("--trainers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--formats", nargs="+", choices=["csv", "json"], default=["csv", "json"])
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="a job-file setting for every job run (TOML value), e.g. train.commit_every=1")
+    parser.add_argument("--timeout-s", type=float, default=900, help="per job run")
+    parser.add_argument("--out", type=Path, help="also write the JSON report here")
+    args = parser.parse_args()
+    overrides = parse_sets(args.sets)
+    started = time.monotonic()
+    work = Workload.make(args.records, args.holdout)
+    bare = bare_loop(work, args.model)
+    print(f"bare loop: {bare['examples_per_s']} ex/s, AUC {bare['holdout_auc']}", file=sys.stderr)
+    runs: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        local = LocalServices(home / "services", Ports.free())
+        local.up()
+        try:
+            endpoints = local.endpoints
+            services = {name: server.pid() for name, server in local.servers.items()}
+            for fmt in args.formats:
+                topic = f"e2e-{fmt}-{time.time_ns() % 10**9}"
+                produce(endpoints, topic, work.csv_lines() if fmt == "csv" else work.json_records())
+                for trainers in args.trainers:
+                    run = job_run(endpoints, services, work, fmt, topic, trainers, MODELS[args.model], home,
+                                  overrides, args.timeout_s)
+                    run["ratio"] = round(run["examples_per_s"] / bare["examples_per_s"], 3)
+                    run["auc_gap"] = round(run["holdout_auc"] - bare["holdout_auc"], 4)
+                    runs.append(run)
+                    print(f"{run['run']}: {run['examples_per_s']} ex/s, AUC {run['holdout_auc']}", file=sys.stderr)
+        finally:
+            local.down()
+    report = {"workload": {"records": args.records, "holdout": args.holdout, "model": MODELS[args.model],
+                           "fields": len(work.model.fields), "dense_features": work.model.dense_features,
+                           "embedding_dim": EMBEDDING_DIM, "hash_buckets": HASH_BUCKETS, "batch_size": BATCH,
+                           "optimizer": "adam", "learning_rate": LEARNING_RATE, "shards": 2, "settings": overrides},
+              "bare": bare, "runs": runs, "elapsed_s": round(time.monotonic() - started)}
+    print(table(runs, bare))
+    print(json.dumps(report, indent=2))
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
