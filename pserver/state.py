@@ -14,7 +14,7 @@ import numpy as np
 
 from pserver.dedup import Dedup
 from pserver.optimizers import UpdateRule
-from pserver.rows import RowTable, initial_rows
+from pserver.rows import RowTable
 from schemas import GradientDelta, TaskRecord
 
 
@@ -111,11 +111,11 @@ class ShardState:
     def _block(self, param: str, block: int, length: int) -> DenseBlock:
         found = self.dense.get((param, block))
         if found is None:
-            # Deterministic like sparse rows, so a block is the same in every process until
-            # trained; the trainer's own initialisation of dense layers is future work.
-            values = initial_rows(f"{param}#{block}", np.zeros(1, dtype=np.uint64), length, self.init_scale)
+            # What training adds to the block, from zero: its initial value is the model's own,
+            # which trainers add when they load it (trainer/params.py).
             found = self.dense[(param, block)] = DenseBlock(
-                values, {n: np.zeros((1, length), dtype=np.float32) for n in self.rule.state_names})
+                np.zeros((1, length), dtype=np.float32),
+                {n: np.zeros((1, length), dtype=np.float32) for n in self.rule.state_names})
         return found
 
 

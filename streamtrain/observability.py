@@ -10,6 +10,7 @@ and `PserverMetrics.for_shard` bind their labels. See docs/observability.md for 
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass, field
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -123,13 +124,16 @@ class _PserverFamilies:
 
 
 _families: dict[str, object] = {}
+_families_lock = threading.Lock()
 
 
 def _get(kind: str, make):
-    # Created on first use, once per process: prometheus-client refuses a second registration.
-    if kind not in _families:
-        _families[kind] = make()
-    return _families[kind]
+    # Created on first use, once per process: prometheus-client refuses a second registration,
+    # and two trainers started at once in one process (tests, a notebook) both got here first.
+    with _families_lock:
+        if kind not in _families:
+            _families[kind] = make()
+        return _families[kind]
 
 
 # -- per-process views --------------------------------------------------------------------------

@@ -2,9 +2,13 @@
 torch model, and turning the gradients of a push group into one GradientDelta per shard.
 
 Dense parameters are split into blocks of `BLOCK` values, addressed `(parameter name, block)`,
-owned by the shard the slot map says. A block no shard has trained yet is not in Redis; its
-value is then the deterministic initial value every pserver would create it with, so all
-trainers and shards agree on it without talking.
+owned by the shard the slot map says. A shard stores and updates what training has added to a
+block, starting from zero; the parameter's value is the model's own initial value plus that.
+The model is built under a fixed seed (`trainer.worker.MODEL_SEED`), so its initial values,
+PyTorch's own initialisation of each layer, are the same in every process without the shards
+knowing them. Update rules that depend only on the gradients (SGD, Adagrad, Adam) train the
+sum exactly as they would the parameter; FTRL's regularisation pulls towards the initial value
+rather than zero. A block no shard has trained yet is not in Redis: it is then its initial value.
 """
 
 from __future__ import annotations
@@ -17,13 +21,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from pserver.rows import initial_rows
 from pserver.serving import ParamClient, ParamsUnavailableError, PendingPull
 from pserver.sharding import SlotMap
 from schemas import DenseSlice, GradientDelta, SparseRows
 
 BLOCK = 4096
-INIT_SCALE = 0.01  # the pservers' ShardState default
+INIT_SCALE = 0.01  # sparse rows' initial scale: the pservers' ShardState default
 
 
 @dataclass(frozen=True)
@@ -36,27 +39,34 @@ class _Block:
 
 
 class DenseLayout:
+    """The model's dense parameters as blocks; takes each block's initial value from the model
+    as built (seeded: `trainer.worker.build_model`)."""
+
     def __init__(self, model: nn.Module) -> None:
         self.blocks: list[_Block] = []
+        self._initial: dict[tuple[str, int], np.ndarray] = {}
         for name, param in model.named_parameters():
+            flat = param.detach().reshape(-1).cpu().numpy()
             for b, start in enumerate(range(0, param.numel(), BLOCK)):
-                self.blocks.append(_Block(name, b, param, start, min(start + BLOCK, param.numel())))
+                stop = min(start + BLOCK, param.numel())
+                self.blocks.append(_Block(name, b, param, start, stop))
+                self._initial[(name, b)] = flat[start:stop].astype(np.float32, copy=True)
         self._loaded: dict[tuple[str, int], np.ndarray] = {}  # the array each block was last loaded from
 
     def initial(self, block: _Block) -> np.ndarray:
-        return initial_rows(f"{block.param}#{block.block}", np.zeros(1, dtype=np.uint64),
-                            block.stop - block.start, INIT_SCALE)[0]
+        return self._initial[(block.param, block.block)]
 
     @torch.no_grad()
     def load(self, values: dict[tuple[str, int], np.ndarray]) -> None:
-        """Copy pulled blocks into the parameters; blocks not pulled get their initial value."""
+        """Pulled blocks (what training added) onto their initial values, into the parameters;
+        blocks not pulled get their initial value."""
         for block in self.blocks:
             key = (block.param, block.block)
             found = values.get(key)
             if found is not None and self._loaded.get(key) is found:
                 continue  # the same (read-only) array as last time: ParamClient pulled the same bytes
             self._loaded[key] = found
-            data = found if found is not None else self.initial(block)
+            data = self.initial(block) if found is None else self.initial(block) + np.asarray(found, np.float32)
             flat = block.tensor.data.view(-1)
             flat[block.start:block.stop] = torch.from_numpy(np.array(data, dtype=np.float32)).to(flat.device)
 

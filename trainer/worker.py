@@ -68,12 +68,19 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+# Every process builds the job's model under this seed, so its dense parameters start from the
+# same values everywhere (trainer/params.py: the shards store only what training adds).
+MODEL_SEED = 0
+
+
 def build_model(config: JobConfig) -> torch.nn.Module:
     module_name, _, attr = config.model.factory.partition(":")
     factory: object = importlib.import_module(module_name)
     for part in attr.split("."):
         factory = getattr(factory, part)
-    return factory(model_spec(config))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(MODEL_SEED)
+        return factory(model_spec(config))
 
 
 def use_torch_threads(config: JobConfig) -> None:

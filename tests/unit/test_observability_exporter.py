@@ -141,3 +141,16 @@ def test_curves_step_by_cumulative_examples_and_skip_undefined_values() -> None:
     assert rec.tag("freshness/seconds") == [(1.0, 100)]
     assert rec.tag("time/pull_s") == [(0.1, 100)]
     assert curves.tasks == 2 and curves.examples == 150
+
+
+
+def test_metric_families_are_made_under_a_lock() -> None:
+    """Two trainers started at once in one process both found the families missing, and the
+    second registration raised DuplicateTimeseries: making them must hold the lock that the
+    check for them takes."""
+    from streamtrain import observability
+
+    held = []
+    assert observability._get("test-lock", lambda: held.append(observability._families_lock.locked()) or 1) == 1
+    assert held == [True]
+    assert observability._get("test-lock", lambda: 2) == 1  # made once

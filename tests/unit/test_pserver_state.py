@@ -64,6 +64,9 @@ def test_dense_blocks_update_and_report_changes() -> None:
     changes = state.apply(delta(0, [1], [[0.0]], dense=(piece,)))
     assert changes.blocks == {("fc.weight", 0)} and np.array_equal(changes.rows["user"], [1])
     assert state.dense[("fc.weight", 0)].steps[0] == 1
+    # What training added, from zero (the model's own initial value is the trainers' to add):
+    # Adagrad's first step is -lr * g / |g|.
+    np.testing.assert_allclose(state.dense[("fc.weight", 0)].values, np.full((1, 6), -0.1), rtol=1e-5)
 
 
 def test_a_delta_with_the_wrong_row_width_is_refused_without_side_effects() -> None:

@@ -261,3 +261,31 @@ def test_a_clean_csv_chunk_is_decoded_without_the_one_record_decoder(monkeypatch
     assert len(decoded.columns) == 300 and not decoded.bad
     assert decoded.columns.sparse[1][0][:3].tolist() == [0, 7, 14]
     assert decoded.columns.dense[3].tolist() == [0.5, -3.25] and decoded.columns.event_time_ms[-1] == 1299
+
+
+def test_every_process_builds_the_same_initial_dense_values_without_touching_the_global_rng() -> None:
+    from trainer.worker import build_model
+
+    job = JobConfig.from_toml('[job]\nname = "j"\n[input]\ntopics = ["t"]\n[model]\n'
+                              'factory = "trainer.models:WideDeep"\nsparse_fields = ["a", "b"]\ndense_features = 2')
+    torch.manual_seed(123)
+    before = torch.rand(1)
+    torch.manual_seed(123)
+    first, second = build_model(job), build_model(job)
+    assert torch.rand(1) == before
+    for (name, a), (_, b) in zip(first.named_parameters(), second.named_parameters()):
+        assert torch.equal(a, b), name
+    weight = first.deep[0].weight  # PyTorch's own initialisation, not a tiny constant scale
+    assert 0.1 < weight.abs().max() <= 1 / weight.shape[1] ** 0.5
+
+
+def test_dense_blocks_load_as_the_initial_value_plus_what_the_shards_trained() -> None:
+    model = WideDeep(ModelSpec(("a",), 2, 4))
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+    layout = DenseLayout(model)
+    trained = np.full(model.deep[0].weight.numel(), 0.5, dtype=np.float32)
+    layout.load({("deep.0.weight", 0): trained})
+    assert torch.allclose(model.deep[0].weight, initial["deep.0.weight"] + 0.5)
+    assert torch.equal(model.deep[0].bias, initial["deep.0.bias"])  # not pulled: its initial value
+    layout.load({})
+    assert all(torch.equal(p, initial[name]) for name, p in model.named_parameters())
