@@ -217,6 +217,7 @@ class PserverShard:
         self.lock = threading.Lock()  # held while applying and while the publisher copies
         self._requests_done: set[str] = set()
         self._fold: tuple[dict, int] | None = None  # watermarks read, LSO to pass before folding
+        self.fold_checks = 0  # times the shard looked at whether it could fold
 
     # -- life cycle ----------------------------------------------------------------------
     def run(self, stop: threading.Event, ready: threading.Event | None = None) -> None:
@@ -463,7 +464,7 @@ class PserverShard:
             "publishes": self.publishing.publishes, "republished": self.publishing.republished,
             "rows_published": self.publishing.rows,
             "checkpoint": self.checkpoint_id, "checkpoints": self.counters.checkpoints,
-            "dedup_entries": state.dedup.entries,
+            "dedup_entries": state.dedup.entries, "fold_checks": self.fold_checks,
             "barrier": {"next_step": self.barrier.next_step, "waiting": self.barrier.waiting,
                         "participants": sorted(self.barrier.participants())} if self.barrier.sync else None,
             "examples": sum(by_partition.values()), "examples_by_partition": dict(by_partition),
@@ -476,6 +477,7 @@ class PserverShard:
         """Two steps, never in one call: read the master's watermarks, then the topic's log
         end; fold only once consumption has passed that end, so no delta committed before the
         watermark was read can still be in flight."""
+        self.fold_checks += 1
         if self._fold is not None and self.next_offset >= self._fold[1]:
             self.state.fold(self._fold[0])
             self._fold = None

@@ -221,7 +221,7 @@ def test_a_task_redone_behind_a_dead_trainers_open_transaction_is_not_folded_awa
     try:
         publish_job(coord, make_config(job, tmp_path / "ckpt"))
         ensure_topics(services, [TopicSpec(topic)])
-        shard = ShardThread(services, ShardOptions(job, 0, lease_ttl_s=2, fold_interval_s=0.1))
+        shard = ShardThread(services, ShardOptions(job, 0, lease_ttl_s=2, fold_interval_s=0.1, housekeeping_s=0.05))
         wait_for(lambda: caught_up(services, redis_conn, job), 30, "shard serving")
         victim = Producer({"bootstrap.servers": services.kafka, "transactional.id": f"victim-{job}"})
         victim.init_transactions(30)
@@ -232,7 +232,10 @@ def test_a_task_redone_behind_a_dead_trainers_open_transaction_is_not_folded_awa
         TxnWriter(services, topic).write(rescued)
         cursor = PartitionCursor("input", 0, next=200, trained=200, origin=0)
         coord.put(EtcdKeys(job).cursor("input", 0), cursor.to_json())
-        time.sleep(2)  # many fold intervals with the victim's transaction open
+        # Checks enough that the shard has read the watermark above and tried to fold on it, with
+        # the victim's transaction still open (the first may have begun before the put).
+        checks = stats(redis_conn, job)["fold_checks"]
+        wait_for(lambda: stats(redis_conn, job)["fold_checks"] >= checks + 4, 30, "the shard to try folding")
         victim.abort_transaction(30)
         wait_for(lambda: caught_up(services, redis_conn, job), 30, "rescued deltas consumed")
         wait_for(lambda: stats(redis_conn, job).get("dedup_entries") == 0, 30, "the task folded")

@@ -19,12 +19,15 @@ def run_child(code: str) -> subprocess.CompletedProcess:
 
 def test_a_sigterm_inside_the_events_own_lock_still_stops() -> None:
     done = run_child("""
-        import os, signal, time
+        import os, signal
         from streamtrain.signals import stop_on_signals
         stop = stop_on_signals()
+        handler, ran = signal.getsignal(signal.SIGTERM), []
+        signal.signal(signal.SIGTERM, lambda *args: (ran.append(1), handler(*args)))
         with stop._cond:  # where Event.wait() is between its waiter and its return
             os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.2)  # the handler runs here, on this thread
+            while not ran:  # the handler runs here, on this thread, with the lock held
+                pass
         assert stop.wait(10), "not stopped"
         print("stopped")
     """)
