@@ -39,14 +39,14 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from confluent_kafka import Producer
 from torch import nn
 
 from infra import Endpoints, LocalServices, Ports
-from infra.clients import TopicSpec, ensure_topics, redis_client
+from infra.clients import redis_client
 from master.config import JobConfig
 from master.etcd import Etcd
 from producers.clickmodel import ClickModel, ClickModelConfig, ImpressionColumns, auc
+from bench.trainer_throughput import cpu_seconds, write_topic
 from pserver.sharding import SlotMap
 from schemas import EtcdKeys, Example, RedisKeys
 from trainer.scoring import Scorer
@@ -184,29 +184,16 @@ def job_toml(name: str, topic: str, fmt: str, work: Workload, model: str, ckpt: 
     return "".join(f"[{s}]\n" + "".join(f"{k} = {v}\n" for k, v in values.items()) for s, values in sections.items())
 
 
-def produce(endpoints: Endpoints, topic: str, values: list[bytes]) -> None:
-    ensure_topics(endpoints, [TopicSpec(topic, 2)])
-    producer = Producer({"bootstrap.servers": endpoints.kafka, "linger.ms": 20, "enable.idempotence": True,
-                         "compression.type": "lz4"})
-    for i, value in enumerate(values):
-        while True:
-            try:
-                producer.produce(topic, value, partition=i % 2)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    producer.flush(120)
-
-
 def proc_stat(pid: int) -> tuple[float, int] | None:
     """(CPU seconds used, peak RSS in bytes) of a live process."""
+    used = cpu_seconds({"p": pid}).get("p")
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return None
-    peak = next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:")), 0)
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), peak
+    if used is None:
+        return None
+    return used, next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:")), 0)
 
 
 def children(pid: int) -> list[int]:
@@ -369,7 +356,7 @@ def main() -> None:
             services = {name: server.pid() for name, server in local.servers.items()}
             for fmt in args.formats:
                 topic = f"e2e-{fmt}-{time.time_ns() % 10**9}"
-                produce(endpoints, topic, work.csv_lines() if fmt == "csv" else work.json_records())
+                write_topic(endpoints, topic, work.csv_lines() if fmt == "csv" else work.json_records())
                 for trainers in args.trainers:
                     run = job_run(endpoints, services, work, fmt, topic, trainers, MODELS[args.model], home,
                                   overrides, args.timeout_s)

@@ -76,6 +76,22 @@ poll_ms = 50
 """
 
 
+def write_topic(endpoints: Endpoints, topic: str, values: list[bytes]) -> None:
+    """`values` on a new 2-partition topic, alternately; idempotent, so each partition holds
+    its values in the order given."""
+    ensure_topics(endpoints, [TopicSpec(topic, 2)])
+    producer = Producer({"bootstrap.servers": endpoints.kafka, "linger.ms": 20, "enable.idempotence": True,
+                         "compression.type": "lz4"})
+    for i, value in enumerate(values):
+        while True:
+            try:
+                producer.produce(topic, value, partition=i % 2)
+                break
+            except BufferError:
+                producer.poll(0.05)  # local queue full: let it drain
+    producer.flush(120)
+
+
 def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
     """User + system CPU each process has used so far (Linux /proc)."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -116,16 +132,7 @@ def run(endpoints: Endpoints, args: argparse.Namespace, home: Path, service_pids
     # in a row of the same loop in one process ranged 62k-120k ex/s, so the ratio is taken
     # against the median.
     bare = [bare_from_records(config, values, args.warmup) for _ in range(args.bare_runs)]
-    ensure_topics(endpoints, [TopicSpec(topic, 2)])
-    producer = Producer({"bootstrap.servers": endpoints.kafka, "linger.ms": 20})
-    for i, value in enumerate(values):
-        while True:
-            try:
-                producer.produce(topic, value, partition=i % 2)
-                break
-            except BufferError:
-                producer.poll(0.05)  # local queue full: let it drain
-    producer.flush(60)
+    write_topic(endpoints, topic, values)
     job_file = home / "job.toml"
     job_file.write_text(config_toml(name, topic, home / "ckpt", args, model))
 

@@ -197,9 +197,12 @@ _docs = st.fixed_dictionaries({
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_docs, min_size=1, max_size=8))
 def test_chunk_decoder_verdicts_equal_one_by_one_verdicts(docs) -> None:
-    values = [json.dumps(d).encode() for d in docs]
-    decoder = ChunkDecoder(config().input, ("user", "ad"), 2)
-    one = make_decoder(config().input)
+    assert_chunk_decodes_as_one_by_one(config().input, ("user", "ad"), [json.dumps(d).encode() for d in docs])
+
+
+def assert_chunk_decodes_as_one_by_one(section, fields: tuple[str, ...], values: list) -> None:
+    """The same records accepted, into the same columns, and the same refused for the same reasons."""
+    decoder, one = ChunkDecoder(section, fields, 2), make_decoder(section)
     accepted, reasons = [], {}
     for i, value in enumerate(values):
         try:
@@ -208,7 +211,7 @@ def test_chunk_decoder_verdicts_equal_one_by_one_verdicts(docs) -> None:
             reasons[i] = str(exc)
     decoded = decoder.decode(values)
     assert dict(decoded.bad) == reasons
-    want = Columns.gather(accepted, ("user", "ad"), 2)
+    want = Columns.gather(accepted, fields, 2)
     for (ids, counts), (want_ids, want_counts) in zip(decoded.columns.sparse, want.sparse):
         np.testing.assert_array_equal(ids, want_ids)
         np.testing.assert_array_equal(counts, want_counts)
@@ -234,24 +237,8 @@ _csv_lines = st.one_of(
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_csv_lines, min_size=1, max_size=12))
 def test_csv_chunks_decode_as_one_by_one_does(values) -> None:
-    """pyarrow's reader and casts decide speed only: the same records are accepted, with the
-    same columns, and the same refused with the same reasons."""
-    fields = ("user", "os", "absent")
-    decoder, one = ChunkDecoder(_CSV_SECTION, fields, 2), make_decoder(_CSV_SECTION)
-    accepted, reasons = [], {}
-    for i, value in enumerate(values):
-        try:
-            accepted.append(decoder.fit(one(value)))
-        except DecodeError as exc:
-            reasons[i] = str(exc)
-    decoded = decoder.decode(values)
-    assert dict(decoded.bad) == reasons
-    want = Columns.gather(accepted, fields, 2)
-    for (ids, counts), (want_ids, want_counts) in zip(decoded.columns.sparse, want.sparse):
-        np.testing.assert_array_equal(ids, want_ids)
-        np.testing.assert_array_equal(counts, want_counts)
-    for name in ("dense", "labels", "event_time_ms"):
-        np.testing.assert_array_equal(getattr(decoded.columns, name), getattr(want, name), err_msg=name)
+    """pyarrow's reader and casts decide speed only."""
+    assert_chunk_decodes_as_one_by_one(_CSV_SECTION, ("user", "os", "absent"), values)
 
 
 def test_a_clean_csv_chunk_is_decoded_without_the_one_record_decoder(monkeypatch) -> None:
