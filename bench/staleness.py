@@ -1,0 +1,152 @@
+"""What asynchrony costs a deep CTR model, by simulation: trainers take turns stepping one set of
+parameters, each computing its gradient on those parameters minus the updates it cannot see yet.
+
+    python -m bench.staleness [--records 400000] [--trainers 2] [--commit-every 16] [--lag 2]
+                              [--own-visible] [--init model|small] [--sync]
+
+No services: one process, the production workload of `bench.e2e` (8 fields, Zipf ids, an
+interaction, drift), a WideDeep-shaped model (sparse tables under SparseAdam, an MLP under
+Adam, lr 0.01, batch 512). Trainer k takes global steps k, k + T, k + 2T, ... An update
+becomes visible to the other trainers `lag` global steps after the commit that carries it, and a
+trainer commits every `--commit-every` of its own steps (16 is one task of 8,192 records).
+With `--own-visible` a trainer always sees its own updates (read-your-writes); with `--sync`
+every update is seen at once (the sequential loop, the ceiling). `--init small` starts the
+dense layers at uniform +-0.01 instead of PyTorch's own initialisation. Prints JSON: the
+holdout AUC, the mean prediction and the observed CTR.
+
+Each update's change to the parameters is kept while some trainer cannot see it, and
+subtracted from the parameters that trainer computes on: exact for the rows of the batch and
+for the dense layers, so the only difference between settings is what each step sees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from producers.clickmodel import ClickModel, ClickModelConfig, auc
+
+BUCKETS = 1 << 20
+DIM = 8
+BATCH = 512
+LR = 0.01
+
+
+@dataclass(frozen=True)
+class Update:
+    step: int
+    trainer: int
+    rows: np.ndarray  # the distinct rows it changed
+    first: torch.Tensor  # their change in the width-1 table
+    second: torch.Tensor  # ... and in the embedding table
+    dense: list[torch.Tensor]  # the change of each dense parameter
+
+
+class Visibility:
+    def __init__(self, trainers: int, commit_every: int, lag: int, own_visible: bool, sync: bool) -> None:
+        self.trainers, self.commit_every, self.lag = trainers, commit_every, lag
+        self.own_visible, self.sync = own_visible, sync
+
+    def seen(self, update: Update, trainer: int, step: int) -> bool:
+        """Whether `trainer`, computing at global `step`, sees `update`."""
+        if self.sync or (self.own_visible and update.trainer == trainer):
+            return True
+        own = update.step // self.trainers  # the owner's own step number
+        committed_at = (own // self.commit_every + 1) * self.commit_every * self.trainers + update.trainer
+        return step >= committed_at + self.lag
+
+
+def hashed(model: ClickModel, columns) -> np.ndarray:
+    return np.stack([(columns.ids[f] * 1_000_003 + j * 7_919_993) % BUCKETS for j, f in enumerate(model.fields)], 1)
+
+
+def mlp(width: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(width, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 1))
+
+
+def simulate(records: int, holdout: int, visibility: Visibility, init: str) -> dict:
+    torch.set_num_threads(1)
+    model = ClickModel(ClickModelConfig.production())
+    train, test = model.columns(records), model.columns(holdout, start=records)
+    fields = len(model.fields)
+    torch.manual_seed(0)
+    dense = mlp(fields * DIM + model.dense_features)
+    if init == "small":
+        with torch.no_grad():
+            for p in dense.parameters():
+                p.uniform_(-0.01, 0.01)
+    first = nn.Parameter(torch.empty(BUCKETS, 1).uniform_(-0.01, 0.01))
+    second = nn.Parameter(torch.empty(BUCKETS, DIM).uniform_(-0.01, 0.01))
+    dense_opt = torch.optim.Adam(dense.parameters(), lr=LR)
+    sparse_opt = torch.optim.SparseAdam([first, second], lr=LR)
+    view = mlp(fields * DIM + model.dense_features)  # the dense layers as one trainer sees them
+    idx_all, x_all = hashed(model, train), torch.from_numpy(train.dense)
+    y_all = torch.from_numpy(train.clicked.astype(np.float32))
+    pending: list[Update] = []  # updates some trainer cannot see yet
+    for step in range((records + BATCH - 1) // BATCH):
+        trainer = step % visibility.trainers
+        batch = slice(step * BATCH, (step + 1) * BATCH)
+        rows, inverse = np.unique(idx_all[batch], return_inverse=True)
+        pending = [u for u in pending if not all(visibility.seen(u, t, step) for t in range(visibility.trainers))]
+        hidden = [u for u in pending if not visibility.seen(u, trainer, step)]
+        rows_t = torch.from_numpy(rows)
+        with torch.no_grad():
+            r1, r2 = first[rows_t].clone(), second[rows_t].clone()
+            for mine, shared in zip(view.parameters(), dense.parameters()):
+                mine.copy_(shared)
+            for u in hidden:
+                at = np.minimum(np.searchsorted(u.rows, rows), len(u.rows) - 1)
+                hit = torch.from_numpy(u.rows[at] == rows)
+                at_t = torch.from_numpy(at)[hit]
+                r1[hit] -= u.first[at_t]
+                r2[hit] -= u.second[at_t]
+                for mine, change in zip(view.parameters(), u.dense):
+                    mine -= change
+        r1.requires_grad_(True)
+        r2.requires_grad_(True)
+        inv = torch.from_numpy(inverse.reshape(-1, fields).astype(np.int64))
+        logit = r1[inv].sum((1, 2)) + view(torch.cat([r2[inv].flatten(1), x_all[batch]], 1)).squeeze(1)
+        view.zero_grad()
+        F.binary_cross_entropy_with_logits(logit, y_all[batch]).backward()
+        before = first.data[rows_t].clone(), second.data[rows_t].clone(), [p.detach().clone() for p in dense.parameters()]
+        first.grad = torch.sparse_coo_tensor(rows_t[None], r1.grad, first.shape)
+        second.grad = torch.sparse_coo_tensor(rows_t[None], r2.grad, second.shape)
+        for shared, mine in zip(dense.parameters(), view.parameters()):
+            shared.grad = mine.grad.clone()
+        dense_opt.step()
+        sparse_opt.step()
+        with torch.no_grad():
+            pending.append(Update(step, trainer, rows, first.data[rows_t] - before[0], second.data[rows_t] - before[1],
+                                  [p.detach() - b for p, b in zip(dense.parameters(), before[2])]))
+    with torch.no_grad():
+        idx = torch.from_numpy(hashed(model, test))
+        x = torch.cat([second[idx].flatten(1), torch.from_numpy(test.dense)], 1)
+        p = torch.sigmoid(first[idx].sum((1, 2)) + dense(x).squeeze(1)).numpy()
+    return {"holdout_auc": round(auc(test.clicked, p), 4), "mean_p": round(float(p.mean()), 4),
+            "observed_ctr": round(float(test.clicked.mean()), 4)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=400_000)
+    parser.add_argument("--holdout", type=int, default=50_000)
+    parser.add_argument("--trainers", type=int, default=2)
+    parser.add_argument("--commit-every", type=int, default=16, help="own steps per commit (16: a task)")
+    parser.add_argument("--lag", type=int, default=2, help="global steps from a commit to its visibility")
+    parser.add_argument("--own-visible", action="store_true", help="a trainer sees its own updates at once")
+    parser.add_argument("--sync", action="store_true", help="every update seen at once (the ceiling)")
+    parser.add_argument("--init", choices=["model", "small"], default="model")
+    args = parser.parse_args()
+    visibility = Visibility(args.trainers, args.commit_every, args.lag, args.own_visible, args.sync)
+    result = simulate(args.records, args.holdout, visibility, args.init)
+    print(json.dumps({"settings": vars(args), **result}))
+
+
+if __name__ == "__main__":
+    main()
