@@ -69,8 +69,11 @@ def default_device() -> torch.device:
 
 
 # Every process builds the job's model under this seed, so its dense parameters start from the
-# same values everywhere (trainer/params.py: the shards store only what training adds).
+# same values everywhere (trainer/params.py: the shards store only what training adds). The
+# seed is torch's global one: two builds at once in one process (trainers in threads) would
+# draw from it in turn and differ, hence the lock.
 MODEL_SEED = 0
+_BUILDING = threading.Lock()
 
 
 def build_model(config: JobConfig) -> torch.nn.Module:
@@ -78,7 +81,7 @@ def build_model(config: JobConfig) -> torch.nn.Module:
     factory: object = importlib.import_module(module_name)
     for part in attr.split("."):
         factory = getattr(factory, part)
-    with torch.random.fork_rng(devices=[]):
+    with _BUILDING, torch.random.fork_rng(devices=[]):
         torch.manual_seed(MODEL_SEED)
         return factory(model_spec(config))
 

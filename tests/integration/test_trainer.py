@@ -254,8 +254,11 @@ def test_one_percent_garbage_trains_as_well_and_lands_exactly_in_the_dlq(service
     assert sum(m["bad_records"] for m in metrics) == 400
     assert sum(m["examples"] for m in metrics) == len(train)
     assert len({m["task_id"] for m in metrics}) == len(metrics)
-    assert all(m["pull_s"] > 0 and m["compute_s"] > 0 and m["push_s"] > 0 and 0 < m["loss"] < 1
-               and 0.5 < m["auc"] <= 1 and m["positives"] > 0 for m in metrics), metrics[:2]
+    # Each record well formed; prequential AUC only on the whole: a task trained first scores the
+    # model's initial dense weights, which may rank the wrong way round.
+    assert all(m["pull_s"] > 0 and m["compute_s"] > 0 and m["push_s"] > 0 and 0 < m["loss"] < 2
+               and 0 <= m["auc"] <= 1 and m["positives"] > 0 for m in metrics), metrics[:2]
+    assert sum(m["auc"] * m["examples"] for m in metrics) / len(train) > 0.65
     local = LocalTrainer(config)
     local.train(train)
     clean = auc(LABELS, local.score(HOLDOUT))
