@@ -37,6 +37,12 @@ test-unit: $(VENV)/.installed
 stress: setup
 	@tests/stress.sh "$(N)" "$(LOAD)" $(TEST)
 
+# `make bench BENCH_ARGS="--records 200000"`: the end-to-end bench (bench/e2e.py), whole jobs
+# against the bare PyTorch loop on the same records.
+BENCH_ARGS ?=
+bench: setup
+	$(PY) -m bench.e2e $(BENCH_ARGS)
+
 demo: setup
 	$(VENV)/bin/streamtrain demo $(if $(DURATION),--duration $(DURATION),)
 
