@@ -228,10 +228,10 @@ class _CsvFast:
         try:
             b"\n".join(lines).decode("utf-8")
         except UnicodeDecodeError:  # rare: find the lines that are not UTF-8
-            bad = [k for k, line in enumerate(lines) if not _utf8(line)]
-            slow.extend(at[k] for k in bad)
-            lines = [line for k, line in enumerate(lines) if k not in set(bad)]
-            at = [i for k, i in enumerate(at) if k not in set(bad)]
+            valid = [_utf8(line) for line in lines]
+            slow.extend(i for i, ok in zip(at, valid) if not ok)
+            lines = [line for line, ok in zip(lines, valid) if ok]
+            at = [i for i, ok in zip(at, valid) if ok]
         if not lines:
             return _empty_columns(len(self.fields), len(self.dense)), np.zeros(0, dtype=np.int64), sorted(slow)
         wrong: list[int] = []
