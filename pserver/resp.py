@@ -49,6 +49,11 @@ def mget(prefix: bytes, ids: np.ndarray) -> bytes:
     return b"*%d\r\n$4\r\nMGET\r\n" % (len(ids) + 1) + _laid_out(len(ids), pieces)
 
 
+def command(*args: bytes) -> bytes:
+    """Any command in RESP, for the odd one written beside the matrices."""
+    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
+
+
 def _laid_out(n: int, pieces: list[tuple[np.ndarray, np.ndarray | None]]) -> bytes:
     """The pieces side by side, one record per row, masked-out columns dropped."""
     width = sum(p.shape[-1] for p, _ in pieces)

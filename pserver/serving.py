@@ -11,6 +11,7 @@ retry rather than handed initial values.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -24,6 +25,10 @@ from pserver.state import Changes, ShardState
 from schemas import ParamBlock, RedisKeys, decode_rows, encode_rows_matrix
 
 _CHUNK = 8192  # keys per MSET: large enough to amortise, small enough not to stall Redis
+
+
+def _applied_json(applied: dict[str, int]) -> bytes:
+    return json.dumps(applied, separators=(",", ":")).encode()
 
 
 class ParamsUnavailableError(RuntimeError):
@@ -66,10 +71,18 @@ class Publisher:
         blocks = [(p, b, state.dense[(p, b)].values[0].copy()) for p, b in changes.blocks]
         return Snapshot(rows, blocks)
 
-    def send(self, snapshot: Snapshot) -> int:
-        """Write the snapshot, then bump the version. Returns the new version."""
+    def send(self, snapshot: Snapshot, applied: dict[str, int] | None = None) -> int:
+        """Write `applied` (`RedisKeys.applied`) if given, then the snapshot, then bump the
+        version. Returns the new version.
+
+        `applied` goes first: a reader that reads it and the values in one transaction
+        (`ParamClient.send_pull`) may find a step counted as applied whose values are still
+        on their way, and train once without it, but never finds values it counts twice."""
         chunks: list[bytes] = []
         replies = 0
+        if applied is not None:
+            chunks.append(self._applied_command(applied))
+            replies += 1
         for table, ids, values in snapshot.rows:
             prefix = self._keys.row(table, 0)[:-1].encode()
             encoded = encode_rows_matrix(values)
@@ -92,6 +105,12 @@ class Publisher:
             raise
         finally:
             self._redis.connection_pool.release(conn)
+
+    def send_applied(self, applied: dict[str, int]) -> None:
+        self._redis.set(self._keys.applied(self.shard), _applied_json(applied))
+
+    def _applied_command(self, applied: dict[str, int]) -> bytes:
+        return resp.command(b"SET", self._keys.applied(self.shard).encode(), _applied_json(applied))
 
     def publish(self, state: ShardState, changes: Changes) -> int:
         """Write the changed rows and blocks, then bump the version. Returns the new version."""
@@ -126,6 +145,16 @@ class Pulled:
     versions: dict[int, int]  # shard -> version read
 
 
+@dataclass(frozen=True)
+class Pull:
+    """What one `ParamClient.pull` read, all at one instant (a Redis transaction)."""
+
+    rows: dict[str, np.ndarray]  # table -> (n, dim) values
+    blocks: dict[tuple[str, int], np.ndarray]  # blocks found; one never trained is absent
+    versions: dict[int, int]  # shard -> version
+    applied: dict[int, dict[str, int]]  # shard -> {trainer id: newest step its values include}
+
+
 class ParamClient:
     """Pulls rows and blocks for trainers and online inference, one round trip per call."""
 
@@ -152,19 +181,24 @@ class ParamClient:
         Raises:
             ParamsUnavailableError: an owning shard has no version in Redis.
         """
-        rows, _, versions = self.pull({table: (ids, dim)}, [])
-        return Pulled(rows[table], versions)
+        pull = self.pull({table: (ids, dim)}, [])
+        return Pulled(pull.rows[table], pull.versions)
 
     def pull_blocks(self, blocks: Iterable[tuple[str, int]]) -> tuple[dict[tuple[str, int], np.ndarray], dict[int, int]]:
         """Dense blocks by (param, block); a block never trained is absent from the result."""
-        _, found, versions = self.pull({}, list(blocks))
-        return found, versions
+        pull = self.pull({}, list(blocks))
+        return pull.blocks, pull.versions
 
-    def pull(self, rows: Mapping[str, tuple[np.ndarray, int]], blocks: Sequence[tuple[str, int]]
-             ) -> tuple[dict[str, np.ndarray], dict[tuple[str, int], np.ndarray], dict[int, int]]:
-        """Rows of several tables ({table: (ids, dim)}) and dense blocks in one round trip:
-        ({table: values}, {block: values}, {shard: version}), as `pull_rows` and `pull_blocks`."""
+    def pull(self, rows: Mapping[str, tuple[np.ndarray, int]], blocks: Sequence[tuple[str, int]]) -> Pull:
+        """Rows of several tables ({table: (ids, dim)}) and dense blocks in one round trip,
+        as `pull_rows` and `pull_blocks` read them, with the owning shards' versions and
+        applied steps."""
         return self.send_pull(rows, blocks).result()
+
+    def applied(self) -> dict[int, dict[str, int]]:
+        """Every shard's `RedisKeys.applied`: {shard: {trainer id: newest step published}}."""
+        raw = self._redis.mget([self._keys.applied(s) for s in range(self.slot_map.shards)])
+        return {s: json.loads(v) if v else {} for s, v in enumerate(raw)}
 
     def send_pull(self, rows: Mapping[str, tuple[np.ndarray, int]], blocks: Sequence[tuple[str, int]],
                   row_shards: Mapping[str, np.ndarray] | None = None) -> PendingPull:
@@ -183,13 +217,18 @@ class ParamClient:
         pool = self._redis.connection_pool
         conn = pool.get_connection()
         try:
+            # In a transaction: the values and the applied steps that describe them are read
+            # at one instant (a publish lands before or after, never in between).
+            packed = conn.pack_command("MULTI")
             # An empty MGET is a syntax error: a placeholder key keeps one reply per request.
-            packed = conn.pack_command("MGET", *([self._keys.version(s) for s in shards] or ["-"]))
+            packed += conn.pack_command("MGET", *([self._keys.version(s) for s in shards]
+                                                  + [self._keys.applied(s) for s in shards] or ["-"]))
+            if blocks:
+                packed += conn.pack_command("MGET", *[self._keys.dense(p, b) for p, b in blocks])
             for table, (ids, _) in rows.items():
                 packed.append(resp.mget(self._keys.row(table, 0)[:-1].encode(), ids) if len(ids)
                               else b"".join(conn.pack_command("MGET", "-")))
-            if blocks:
-                packed += conn.pack_command("MGET", *[self._keys.dense(p, b) for p, b in blocks])
+            packed += conn.pack_command("EXEC")
             # One write: redis-py writes each piece with its own sendall.
             conn.send_packed_command([b"".join(packed)])
         except BaseException:
@@ -199,23 +238,24 @@ class ParamClient:
         return PendingPull(self, pool, conn, shards, rows, list(blocks))
 
     def _decode(self, shards: list[int], rows: dict[str, tuple[np.ndarray, int]], blocks: list[tuple[str, int]],
-                replies: list) -> tuple[dict[str, np.ndarray], dict[tuple[str, int], np.ndarray], dict[int, int]]:
-        versions = self._versions(shards, replies[0])
-        values = {}
-        for (table, (ids, dim)), raw in zip(rows.items(), replies[1:]):
-            got, present = decode_rows(raw if len(ids) else [], dim)
-            if not present.all():
-                got[~present] = initial_rows(table, ids[~present], dim, self.init_scale)
-            values[table] = got
+                replies: list) -> Pull:
+        versions = self._versions(shards, replies[0][:len(shards)])
+        applied = {s: json.loads(raw) if raw else {} for s, raw in zip(shards, replies[0][len(shards):])}
         found = {}
         if blocks:
-            for key, raw in zip(blocks, replies[-1]):
+            for key, raw in zip(blocks, replies[1]):
                 if raw is not None:
                     last = self._block_values.get(key)
                     if last is None or last[0] != raw:
                         last = self._block_values[key] = (raw, ParamBlock.from_bytes(raw).values)
                     found[key] = last[1]
-        return values, found, versions
+        values = {}
+        for (table, (ids, dim)), raw in zip(rows.items(), replies[1 + bool(blocks):]):
+            got, present = decode_rows(raw if len(ids) else [], dim)
+            if not present.all():
+                got[~present] = initial_rows(table, ids[~present], dim, self.init_scale)
+            values[table] = got
+        return Pull(values, found, versions, applied)
 
     @staticmethod
     def _versions(shards: list[int], raw: list[bytes | None]) -> dict[int, int]:
@@ -238,13 +278,16 @@ class PendingPull:
         self._rows = rows
         self._blocks = blocks
 
-    def result(self) -> tuple[dict[str, np.ndarray], dict[tuple[str, int], np.ndarray], dict[int, int]]:
+    def result(self) -> Pull:
         """As `ParamClient.pull`. Raises ParamsUnavailableError like it."""
         conn, self._conn = self._conn, None
         if conn is None:
             raise RuntimeError("this pull was already read or cancelled")
         try:
-            replies = [conn.read_response() for _ in range(1 + len(self._rows) + bool(self._blocks))]
+            # MULTI's OK, a QUEUED per command, then EXEC's array of the replies.
+            for _ in range(2 + len(self._rows) + bool(self._blocks)):
+                conn.read_response()
+            replies = conn.read_response()
         except BaseException:
             conn.disconnect()
             raise

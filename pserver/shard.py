@@ -58,7 +58,10 @@ class ShardOptions:
     job: str
     index: int | None = None  # None: the first free index
     lease_ttl_s: int = 10
-    publish_interval_s: float = 0.05  # coalesce changes this long before writing to Redis
+    # A round starts as soon as something was applied; under load the rounds run back to
+    # back and each carries what was applied while the one before was on the wire. This only
+    # bounds how long an idle publisher sleeps between its version-key checks.
+    publish_interval_s: float = 0.05
     fold_interval_s: float = 2.0
     housekeeping_s: float = 1.0  # version-key check, control key, stats
     checkpoint_every_s: float | None = None  # None: the job's pservers.checkpoint_every_s
@@ -96,10 +99,15 @@ class _Pending:
 class BackgroundPublisher:
     """Writes applied changes to Redis from its own thread, so applying never waits for Redis.
 
-    Every `interval` it takes the ids changed since its last round (only the newest value of a
-    row is sent, however often it changed), copies their values under the state lock, then
-    encodes and sends outside it. It republishes everything when Redis lost the shard's data:
-    the version key is gone, or an INCR did not return the previous version + 1.
+    A round starts as soon as an apply hands it changes: it takes the ids changed since the
+    last round (only the newest value of a row is sent, however often it changed), copies
+    their values under the state lock, then encodes and sends outside it. While one round is
+    on the wire the next one's changes gather, so the rounds coalesce under load without a
+    fixed delay that every update would wait out (trainers train on what is published: each
+    millisecond here is staleness). Each round also writes, per trainer, the newest step whose
+    changes it carries (`RedisKeys.applied`), which is how a trainer knows which of its own
+    pushes a pull includes. It republishes everything when Redis lost the shard's data: the
+    version key is gone, or an INCR did not return the previous version + 1.
     """
 
     def __init__(self, publisher: Publisher, state: ShardState, lock: threading.Lock,
@@ -115,6 +123,9 @@ class BackgroundPublisher:
         self.error: BaseException | None = None
         self._pending = _Pending()
         self._everything = True
+        self._applied: dict[str, int] = {}  # trainer id -> newest step applied
+        self._applied_changed = False
+        self._wake = threading.Event()
         self._note: tuple[str, str] | None = None
         self._checked_at = time.monotonic()
         self._stop = threading.Event()
@@ -123,9 +134,15 @@ class BackgroundPublisher:
         self.round_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="publisher", daemon=True)
 
-    def add(self, changes: Changes) -> None:
-        """Called with the state lock held, right after the apply that made `changes`."""
-        self._pending.add(changes)
+    def add(self, changes: Changes | None, trainer_id: str, step: int) -> None:
+        """Called with the state lock held, right after the apply of `trainer_id`'s `step`
+        that made `changes` (None: a duplicate, which changed nothing but is done with)."""
+        if changes is not None:
+            self._pending.add(changes)
+        if step > self._applied.get(trainer_id, -1):
+            self._applied[trainer_id] = step
+            self._applied_changed = True
+        self._wake.set()
 
     def note(self, key: str, value: str) -> None:
         """A value to SET after the next round's send (with the state lock held)."""
@@ -149,11 +166,14 @@ class BackgroundPublisher:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join(60)
         self.round()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self._stop.is_set():
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
             try:
                 self.round()
             except redis.RedisError as exc:
@@ -182,13 +202,17 @@ class BackgroundPublisher:
             if everything:
                 self._pending, self._everything = _Pending(), False
             note, self._note = self._note, None
+            applied = dict(self._applied) if self._applied_changed or everything else None
+            self._applied_changed = False
             snapshot = None if changes is None else self.publisher.snapshot(self.state, changes)
         if snapshot is None:
+            if applied is not None:
+                self.publisher.send_applied(applied)
             if note is not None:
                 self.publisher.client.set(*note)
             return
         began = time.perf_counter()
-        version = self.publisher.send(snapshot)
+        version = self.publisher.send(snapshot, applied)
         if self.publish_seconds is not None:
             self.publish_seconds.observe(time.perf_counter() - began)
         self.publishes += 1
@@ -375,7 +399,13 @@ class PserverShard:
 
     # -- applying ------------------------------------------------------------------------
     def _consume(self, batch: int, timeout: float) -> None:
-        for msg in self.consumer.consume(batch, timeout):
+        # Wait for one message at most `timeout`, then take what else is already fetched:
+        # `consume(batch, timeout)` would wait out the whole timeout for the batch to fill,
+        # and every delta would reach the parameters that much later.
+        messages = self.consumer.consume(1, timeout)
+        if messages:
+            messages += self.consumer.consume(batch - 1, 0)
+        for msg in messages:
             error = msg.error()
             if error is not None:
                 if error.code() != KafkaError._PARTITION_EOF:
@@ -415,8 +445,7 @@ class PserverShard:
         try:
             with self.lock:
                 changes = self.state.apply(delta)
-                if changes is not None:
-                    self.publishing.add(changes)
+                self.publishing.add(changes, delta.trainer_id, delta.step)
         except BadDeltaError as exc:  # fitted when it arrived, not after waiting at a barrier
             self.counters.bad += 1
             log.warning("shard %d: delta %s/%d no longer fits: %s", self.index, delta.task_id, delta.seq, exc)

@@ -170,6 +170,12 @@ class RedisKeys:
         """Sync/bounded SGD: {"next": first step not yet released, "trainers": {id: newest step}}."""
         return f"{self.prefix}steps:{_redis_check.integer('shard', shard, hi=U32_MAX)}"
 
+    def applied(self, shard: int) -> str:
+        """Per trainer, the newest step of it this shard has applied (or dropped as a
+        duplicate) and published: {id: step}, JSON. Written with the values it describes, so a
+        trainer can tell which of its own pushes a pull already includes."""
+        return f"{self.prefix}applied:{_redis_check.integer('shard', shard, hi=U32_MAX)}"
+
     def stats(self, shard: int) -> str:
         """A shard's counters as JSON (applied, dropped duplicates, bad deltas, examples)."""
         return f"{self.prefix}stats:{_redis_check.integer('shard', shard, hi=U32_MAX)}"

@@ -71,10 +71,10 @@ def test_a_pull_sent_ahead_reads_what_a_pull_reads_and_a_cancelled_one_leaves_no
     request = ({"user": (probe, 8), "empty": (np.zeros(0, dtype=np.uint64), 4)}, [("fc", 0), ("fc", 1)])
     sent = client.send_pull(*request)
     redis_conn.set(f"st:{job}:meanwhile", b"x")  # the client is used while the replies wait
-    rows, blocks, versions = sent.result()
+    pulled = sent.result()
     again = client.pull(*request)
-    assert np.array_equal(rows["user"], again[0]["user"]) and rows["empty"].shape == (0, 4)
-    assert set(blocks) == {("fc", 0)} and versions == again[2]
+    assert np.array_equal(pulled.rows["user"], again.rows["user"]) and pulled.rows["empty"].shape == (0, 4)
+    assert set(pulled.blocks) == {("fc", 0)} and pulled.versions == again.versions
     for _ in range(20):  # cancelled pulls must not leave replies for the next user of a connection
         client.send_pull(*request).cancel()
-        assert np.array_equal(client.pull(*request)[0]["user"], rows["user"])
+        assert np.array_equal(client.pull(*request).rows["user"], pulled.rows["user"])
