@@ -363,8 +363,11 @@ class TrainSection:
             ``at_least_once`` (lower latency; a re-run task may apply part of its gradient twice).
         push_every: push accumulated gradients every n mini-batches.
         pull_every: pull fresh parameters every m mini-batches.
-        commit_every: exactly-once only: 0 = one Kafka transaction per task, k >= 1 = commit
-            every k pushes (fresher parameters, more commit overhead).
+        commit_every: exactly-once only: k >= 1 = hand every k pushes to the trainer's
+            committer thread, which commits whatever has gathered in one transaction as soon as
+            its last one is done (a push reaches the other trainers milliseconds after it is
+            made, and a transaction carries more pushes as the rate rises); 0 = one transaction
+            per task, at its end (other trainers see a task's pushes only then).
         learning_rate: the optimizer's step size, applied by the pservers.
         torch_threads: a trainer's intra-op threads for forward and backward; 0 = torch's
             default (one per core).
@@ -375,7 +378,7 @@ class TrainSection:
     delivery: str = "exactly_once"
     push_every: int = 1
     pull_every: int = 1
-    commit_every: int = 0
+    commit_every: int | None = None  # None: 1 with exactly-once delivery, else 0
     learning_rate: float = 0.05
     # One: at the built-in models' sizes, a second intra-op thread costs more in hand-offs than
     # it saves, and the trainer's own threads (reading, pulling, committing) need the cores.
@@ -388,6 +391,8 @@ class TrainSection:
         delivery = _choice("train.delivery", self.delivery, ("exactly_once", "at_least_once"))
         _int("train.push_every", self.push_every, 1)
         _int("train.pull_every", self.pull_every, 1)
+        if self.commit_every is None:
+            _fix(self, commit_every=1 if delivery == "exactly_once" else 0)
         commit_every = _int("train.commit_every", self.commit_every, 0)
         _fix(self, learning_rate=_positive("train.learning_rate", self.learning_rate))
         # A setting that cannot take effect is refused like a typo: the user believes it works.

@@ -1,22 +1,31 @@
-"""Ending a task in the background: its last Kafka transaction, then its completion in etcd,
-while the trainer trains the next task.
+"""Making a trainer's pushes visible in the background: Kafka transactions, then a task's
+completion in etcd, while the trainer trains on.
 
-A commit is a round trip to the broker's transaction coordinator and a completion one to
-etcd: about 30 ms per task, in which the trainer would otherwise sit idle. Nothing about
-delivery changes: a task is still completed only after its last commit, and an attempt that
-lost its task (a zombie) still learns it before committing. Every use of the transactional
-producer runs on the committer's one thread, in the order submitted, so a trainer's
-transactions never overlap. At most `depth` tasks wait to end, which absorbs the odd slow
-commit without holding more than a couple of tasks back from other trainers.
+The training thread hands each push group over as it is made (`hand`) and never waits for a
+broker round trip. The committer's one thread commits whatever has been handed since its last
+transaction in one transaction: with commits quick next to a mini-batch every group goes out
+alone, a few milliseconds after it was computed; when they are slower, a transaction carries
+several groups, so the broker's cost per record falls as the rate rises instead of the trainer
+stalling. A task's end (`end`) commits its last messages, then completes it in etcd, after
+every group handed before it. Every use of the transactional producer runs on that one
+thread, in the order handed, so transactions never overlap and a task's groups reach each
+shard in `seq` order (pserver/dedup.py relies on it).
+
+A zombie (a trainer frozen past its task's timeout, then resumed) learns that it lost its task
+from a heartbeat: the trainer's own every third of the timeout, and the committer's before it
+completes a task. Groups it commits meanwhile are dropped by the shards' ledger: the rescuer's
+copies of a group and the zombie's share `(task_id, seq)`, and the first to arrive is the one
+applied. A failed transaction fails the tasks whose groups it carried; the trainer learns it
+at its next `hand` or `raise_failed`.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from master.errors import CoordinationError, TaskLostError
@@ -36,65 +45,179 @@ class Ended:
     commit_s: float | None = None  # the last commit's duration, when it ran
 
 
+@dataclass
+class _Item:
+    task_id: str
+    messages: Messages
+    end: tuple[ClaimedTask, TaskMetrics] | None = None  # set: the task's end
+    done: threading.Event = field(default_factory=threading.Event)
+
+
 class Committer:
     """`on_ended` hears how each task ended, on the committer's thread, as soon as it has (a
-    task's metrics must not lag its completion in etcd)."""
+    task's metrics must not lag its completion in etcd). At most `depth` task ends and
+    `max_handed` groups wait; more waits the training thread."""
 
     def __init__(self, delivery: Delivery, tasks: TaskClient, on_ended: Callable[[Ended], None],
-                 depth: int = 2) -> None:
+                 depth: int = 2, max_handed: int = 64) -> None:
         self._delivery = delivery
         self._tasks = tasks
         self._on_ended = on_ended
         self._depth = depth
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="commit")
-        self._ending: deque[Future[None]] = deque()
+        self._max_handed = max_handed
+        self._queue: deque[_Item] = deque()
+        self._cond = threading.Condition()
+        self._busy = False  # the thread holds items taken from the queue
+        self._failed: dict[str, DeliveryError] = {}  # task id -> why its groups were not committed
+        self._error: BaseException | None = None  # a bug on the thread, raised to the caller
+        self._closed = False
+        self.transactions = 0
+        self._thread = threading.Thread(target=self._run, name="commit", daemon=True)
+        self._thread.start()
 
-    def commit(self, messages: Messages) -> None:
-        """Commit now, once every task ending in the background has. Raises DeliveryError."""
-        self.wait()
-        self._thread.submit(self._delivery.commit, messages).result()
+    # -- the training thread ---------------------------------------------------------------
+    def hand(self, task_id: str, messages: Messages) -> None:
+        """Commit `messages` (groups of `task_id`) in the background, with whatever else waits.
+        Raises the DeliveryError of an earlier hand of this task that failed."""
+        self.raise_failed(task_id)
+        with self._cond:
+            self._wait_until(lambda: sum(i.end is None for i in self._queue) < self._max_handed)
+            self._queue.append(_Item(task_id, messages))
+            self._cond.notify_all()
+
+    def commit(self, task_id: str, messages: Messages) -> None:
+        """Commit now, after everything handed before. Raises DeliveryError."""
+        item = _Item(task_id, messages)
+        with self._cond:
+            self._queue.append(item)
+            self._cond.notify_all()
+        item.done.wait()
+        self._raise_error()
+        self.raise_failed(task_id)
 
     def end(self, task: ClaimedTask, messages: Messages, metrics: TaskMetrics) -> None:
         """Commit `messages`, then complete `task`, in the background."""
-        self._settle(self._depth - 1)
-        self._ending.append(self._thread.submit(self._end, task, messages, metrics))
+        with self._cond:
+            self._wait_until(lambda: sum(i.end is not None for i in self._queue) + self._busy < self._depth)
+            self._queue.append(_Item(task.task_id, messages, (task, metrics)))
+            self._cond.notify_all()
+
+    def drop(self, task_id: str) -> None:
+        """Forget the groups of `task_id` not yet taken for a transaction (an attempt given up)."""
+        with self._cond:
+            self._queue = deque(i for i in self._queue if i.task_id != task_id or i.end is not None)
+            self._failed.pop(task_id, None)
+
+    def raise_failed(self, task_id: str) -> None:
+        """Raise the DeliveryError of a handed group of `task_id` that could not be committed."""
+        self._raise_error()
+        with self._cond:
+            failed = self._failed.pop(task_id, None)
+        if failed is not None:
+            raise failed
 
     def wait(self) -> None:
-        """Until every task ending in the background has ended."""
-        self._settle(0)
-
-    def _settle(self, pending: int) -> None:
-        """Until at most `pending` tasks are still ending; raises what an ending raised that
-        it does not handle (a bug, not an outcome)."""
-        while self._ending and (len(self._ending) > pending or self._ending[0].done()):
-            self._ending.popleft().result()
-
-    def _end(self, task: ClaimedTask, messages: Messages, metrics: TaskMetrics) -> None:
-        ended = self._ended(task, messages, metrics)
-        self._on_ended(ended)
-
-    def _ended(self, task: ClaimedTask, messages: Messages, metrics: TaskMetrics) -> Ended:
-        try:
-            # A zombie learns here that its task was requeued, before making anything visible.
-            task = self._tasks.heartbeat(task)
-            started = time.perf_counter()
-            self._delivery.commit(messages)
-            committed = time.perf_counter() - started
-            self._tasks.complete(task)
-            return Ended(task, metrics, "done", commit_s=committed)
-        except (TaskLostError, CoordinationError) as exc:
-            # Not ours any more, or etcd unreachable for a moment (then it times out and is
-            # requeued if it still was).
-            return Ended(task, metrics, "lost", str(exc))
-        except DeliveryError as exc:
-            try:
-                self._tasks.fail(task, str(exc))
-            except (TaskLostError, CoordinationError):
-                pass
-            return Ended(task, metrics, "failed", str(exc))
+        """Until everything handed or ended so far is done."""
+        with self._cond:
+            self._wait_until(lambda: not self._queue and not self._busy)
+        self._raise_error()
 
     def close(self) -> None:
         try:
             self.wait()
         finally:
-            self._thread.shutdown()
+            with self._cond:
+                self._closed = True
+                self._cond.notify_all()
+            self._thread.join()
+
+    def _wait_until(self, ready: Callable[[], bool]) -> None:
+        while not ready() and self._error is None:
+            self._cond.wait(0.5)
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise RuntimeError("the committer thread failed") from self._error
+
+    # -- the committer's thread ------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._queue and not self._closed:
+                        self._cond.wait()
+                    if not self._queue:
+                        return
+                    items = self._take()
+                    self._busy = True
+                try:
+                    self._commit(items)
+                finally:
+                    with self._cond:
+                        self._busy = False
+                        self._cond.notify_all()
+                    for item in items:
+                        item.done.set()
+        except BaseException as exc:  # a bug, not an outcome: the training thread raises it
+            with self._cond:
+                self._error = exc
+                self._cond.notify_all()
+
+    def _take(self) -> list[_Item]:
+        """Everything queued up to and including the first task end: one transaction."""
+        items = []
+        while self._queue:
+            items.append(self._queue.popleft())
+            if items[-1].end is not None:
+                break
+        return items
+
+    def _commit(self, items: list[_Item]) -> None:
+        ending = items[-1].end
+        if ending is not None:
+            task, metrics = ending
+            with self._cond:
+                lost_groups = self._failed.pop(task.task_id, None)
+            if lost_groups is not None:  # never complete a task with groups not committed
+                items = items[:-1]
+                self._fail(task, metrics, lost_groups)
+                ending = None
+        if ending is not None:
+            try:
+                # A zombie learns here that its task was requeued, before completing it.
+                task = self._tasks.heartbeat(task)
+            except (TaskLostError, CoordinationError) as exc:
+                # Not ours any more, or etcd unreachable for a moment (then it times out and is
+                # requeued if it still was): the groups handed before still go out below.
+                items = items[:-1]
+                self._on_ended(Ended(task, metrics, "lost", str(exc)))
+                ending = None
+        messages = [m for item in items for m in item.messages]
+        started = time.perf_counter()
+        try:
+            self._delivery.commit(messages)
+            self.transactions += 1
+        except DeliveryError as exc:
+            with self._cond:
+                for item in items:
+                    if item.end is None:
+                        self._failed[item.task_id] = exc
+            if ending is not None:
+                self._fail(task, metrics, exc)
+            return
+        if ending is None:
+            return
+        committed = time.perf_counter() - started
+        try:
+            self._tasks.complete(task)
+        except (TaskLostError, CoordinationError) as exc:
+            self._on_ended(Ended(task, metrics, "lost", str(exc)))
+            return
+        self._on_ended(Ended(task, metrics, "done", commit_s=committed))
+
+    def _fail(self, task: ClaimedTask, metrics: TaskMetrics, exc: DeliveryError) -> None:
+        try:
+            self._tasks.fail(task, str(exc))
+        except (TaskLostError, CoordinationError):
+            pass
+        self._on_ended(Ended(task, metrics, "failed", str(exc)))

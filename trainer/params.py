@@ -24,6 +24,7 @@ from torch import nn
 from pserver.serving import ParamClient, ParamsUnavailableError, PendingPull
 from pserver.sharding import SlotMap
 from schemas import DenseSlice, GradientDelta, SparseRows
+from trainer.own import OwnPushes
 
 BLOCK = 4096
 INIT_SCALE = 0.01  # sparse rows' initial scale: the pservers' ShardState default
@@ -70,6 +71,15 @@ class DenseLayout:
             flat = block.tensor.data.view(-1)
             flat[block.start:block.stop] = torch.from_numpy(np.array(data, dtype=np.float32)).to(flat.device)
 
+    @torch.no_grad()
+    def add(self, changes: dict[tuple[str, int], np.ndarray]) -> None:
+        """Add `changes` to blocks of the parameters (a push's estimated effect, trainer/own.py)."""
+        for block in self.blocks:
+            change = changes.get((block.param, block.block))
+            if change is not None:
+                flat = block.tensor.data.view(-1)
+                flat[block.start:block.stop] += torch.from_numpy(change).to(flat.device)
+
     def gradients(self) -> list[tuple[str, int, np.ndarray]]:
         out = []
         for block in self.blocks:
@@ -82,8 +92,10 @@ class DenseLayout:
 
 @dataclass(frozen=True)
 class Fetched:
+    ids: np.ndarray  # the rows' ids, sorted and distinct (every table's)
     rows: dict[str, np.ndarray]  # table -> (ids, dim) values
     blocks: dict[tuple[str, int], np.ndarray] | None  # None: dense not fetched this time
+    applied: dict[int, dict[str, int]]  # shard -> {trainer id: newest step the values include}
 
 
 class ParamSync:
@@ -104,7 +116,7 @@ class ParamSync:
         now, the replies read by `PendingFetch.result`."""
         keys = [(b.param, b.block) for b in self.layout.blocks] if dense else []
         request = ({name: (ids, dim) for name, dim in tables.items()}, keys)
-        return PendingFetch(self, request, dense, self.client.send_pull(*request, row_shards=shards))
+        return PendingFetch(self, request, ids, dense, self.client.send_pull(*request, row_shards=shards))
 
     def pull_dense(self) -> None:
         keys = [(b.param, b.block) for b in self.layout.blocks]
@@ -112,10 +124,14 @@ class ParamSync:
             found, _ = self._retrying(lambda: self.client.pull_blocks(keys))
             self.layout.load(found)
 
-    def load(self, fetched: Fetched) -> dict[str, np.ndarray]:
-        """Dense blocks into the model (when fetched); returns the rows."""
+    def load(self, fetched: Fetched, own: OwnPushes) -> dict[str, np.ndarray]:
+        """Dense blocks into the model (when fetched), each with what `own` pushes not yet
+        published change; returns the rows, likewise."""
+        own.published(fetched.applied)
         if fetched.blocks is not None:
-            self.layout.load(fetched.blocks)
+            self.layout.load(own.add_blocks(fetched.blocks, fetched.applied))
+        for table, values in fetched.rows.items():
+            own.add_rows(table, fetched.ids, values, fetched.applied)
         return fetched.rows
 
     def _retrying(self, pull):
@@ -132,8 +148,9 @@ class ParamSync:
 class PendingFetch:
     """A `ParamSync.send` on the wire."""
 
-    def __init__(self, sync: ParamSync, request: tuple, dense: bool, pending: PendingPull) -> None:
+    def __init__(self, sync: ParamSync, request: tuple, ids: np.ndarray, dense: bool, pending: PendingPull) -> None:
         self._sync = sync
+        self._ids = ids
         self._request = request
         self._dense = dense
         self._pending = pending
@@ -141,10 +158,10 @@ class PendingFetch:
     def result(self) -> Fetched:
         """The fetched parameters; waits and retries while a shard is not in Redis."""
         try:
-            rows, found, _ = self._pending.result()
+            pull = self._pending.result()
         except ParamsUnavailableError:
-            rows, found, _ = self._sync._retrying(lambda: self._sync.client.pull(*self._request))
-        return Fetched(rows, found if self._dense else None)
+            pull = self._sync._retrying(lambda: self._sync.client.pull(*self._request))
+        return Fetched(self._ids, pull.rows, pull.blocks if self._dense else None, pull.applied)
 
     def cancel(self) -> None:
         self._pending.cancel()

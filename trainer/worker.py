@@ -4,10 +4,11 @@ Per task: records are decoded (bad ones dead-lettered), cut into mini-batches of
 `model.batch_size` good examples in offset order, and mini-batches into push groups of
 `train.push_every`; group g carries `(task_id, seq=g)`. The cut depends only on the records,
 so every attempt of a task produces the same keys and the pservers apply each group once.
-With exactly-once delivery the groups are committed in Kafka transactions (every
-`train.commit_every` groups, or once at the end of the task when it is 0), and the task is
-completed in etcd only after its last commit. That last commit and the completion run in the
-background (trainer/committer.py) while the next task trains.
+With exactly-once delivery the groups are committed in Kafka transactions by a background
+thread (trainer/committer.py: each group as it is made, several in one transaction when commits
+are slower than mini-batches; or once at the end of the task with `train.commit_every` 0), and
+the task is completed in etcd only after its last commit. What a pull misses of this trainer's
+own pushes is added to it (trainer/own.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from master.errors import CoordinationError, MasterError, TaskLostError
 from master.etcd import Etcd
 from master.membership import register_trainer, wait_for_job_config
 from master.tasks import ClaimedTask, TaskClient
+from pserver.optimizers import make_rule
 from pserver.serving import ParamClient, ParamsUnavailableError
 from pserver.sharding import SlotMap
 from schemas import DeadLetter, EtcdKeys, Topics
@@ -44,6 +46,7 @@ from trainer.feed import Chunk, TaskFeed
 from trainer.loader import BadRecord, Loaded, LoaderSpec, RecordLoader
 from trainer.metrics import TaskMetrics
 from trainer.models import ModelSpec
+from trainer.own import OwnPushes
 from trainer.params import DenseLayout, GradientBuffer, ParamSync, PendingFetch
 from trainer.reader import RangeReadError
 from trainer.steps import StepGate
@@ -62,6 +65,9 @@ class _Ahead:
     inverse: np.ndarray
     shards: dict[str, np.ndarray]  # table -> the shard of each of `unique`
     pending: PendingFetch
+
+
+_NO_IDS = np.zeros(0, dtype=np.uint64)
 
 
 def default_device() -> torch.device:
@@ -177,17 +183,21 @@ class Trainer:
         self.layout = DenseLayout(self.model)
         self.layout.load({})
         self.redis = redis_client(self.endpoints)
-        self.sync = ParamSync(ParamClient(self.redis, config.name, self.slot_map), self.layout)
+        client = ParamClient(self.redis, config.name, self.slot_map)
+        self.sync = ParamSync(client, self.layout)
         self.buffer = GradientBuffer(self.slot_map, self.shards)
-        # Pull the next mini-batch's parameters while this one trains, when that loses nothing:
-        # with one commit per task (async, exactly-once) a pull sees none of the task's own
-        # pushes either way. In the other modes a push becomes visible before the next pull.
-        self._pull_ahead = (config.train.sgd == "async" and config.train.delivery == "exactly_once"
-                            and config.train.commit_every == 0)
+        # Read-your-writes (trainer/own.py): the pushes the shards have not published yet are
+        # added to every pull, with the job's own update rule estimating their effect.
+        self.own = OwnPushes(make_rule(config.pservers.optimizer, lr=config.train.learning_rate),
+                             self.trainer_id)
+        # Pull the next mini-batch's parameters while this one trains: the push this one makes
+        # is not in that pull, but its estimate is added when the pull is read. The gated modes
+        # wait after each push for the shards, so their next pull must be sent after it.
+        self._pull_ahead = config.train.sgd == "async"
         self._ahead: _Ahead | None = None  # the next mini-batch's pull, on the wire
         self.gate = StepGate(self.redis, config.name, self.shards, config.train.sgd, config.train.staleness,
                              self.trainer_id, max_wait_s=max(1.0, config.tasks.timeout_s / 3))
-        self.step = self.gate.first_step()
+        self.step = self.gate.first_step() if self.gate.active else self.own.first_step(client.applied())
         if config.train.delivery == "exactly_once":
             self.delivery = TransactionalDelivery(self.endpoints, f"{config.name}.trainer.{self.trainer_id}")
         else:
@@ -256,6 +266,8 @@ class Trainer:
             self._quietly(lambda t=self._task, e=exc: self.tasks.fail(t, str(e)))
             ending = "failed"
         self.delivery.discard()
+        self.committer.drop(self._task.task_id)
+        self.own.forget(self._task.task_id)
         self._cancel_ahead()
         feed.abandon(self._fed)
         if ending == "released":
@@ -358,11 +370,11 @@ class Trainer:
         # Keyed by position: the DLQ is compacted, so a re-run task leaves one entry per record.
         self.delivery.add(self.topics.dlq, letter.to_json(), f"{bad.topic}:{bad.partition}:{bad.offset}".encode())
 
-    def _send_pull(self, batch: Batch, number: int) -> _Ahead:
+    def _send_pull(self, batch: Batch, dense: bool) -> _Ahead:
         unique, inverse = np.unique(batch.ids, return_inverse=True)
         # Each row's shard, hashed once: the pull needs the shards' versions, the push splits by them.
         shards = {name: self.slot_map.shard_of_rows(name, unique) for name in self.model.tables}
-        pending = self.sync.send(self.model.tables, unique, shards, dense=number % self.config.train.pull_every == 0)
+        pending = self.sync.send(self.model.tables, unique, shards, dense=dense)
         return _Ahead(batch, unique, inverse, shards, pending)
 
     def _cancel_ahead(self) -> None:
@@ -371,19 +383,25 @@ class Trainer:
             self._ahead = None
 
     def _train_batch(self, batch: Batch, following: Batch | None = None) -> None:
-        """Train one mini-batch. `following`'s pull is sent before this one computes and read
-        when it trains (Redis answers meanwhile)."""
+        """Train one mini-batch. `following`'s rows are pulled before this one computes and
+        read when it trains (Redis answers meanwhile); its dense blocks are pulled when it
+        trains: how fresh they are is what asynchronous training is most sensitive to (other
+        trainers' updates to the dense layers a step or two late cost a deep model more AUC
+        than rows many steps late, bench/RESULTS.md), and they are a few keys."""
         metrics = self._metrics
         started = time.perf_counter()
         ahead, self._ahead = self._ahead, None
+        dense = self._batches % self.config.train.pull_every == 0
         if ahead is None or ahead.batch is not batch:
             if ahead is not None:
                 ahead.pending.cancel()
-            ahead = self._send_pull(batch, self._batches)
+            ahead = self._send_pull(batch, dense=dense and not self._pull_ahead)
         unique, inverse = ahead.unique, ahead.inverse
-        tables = self.sync.load(ahead.pending.result())
+        if dense and self._pull_ahead:
+            self.sync.load(self.sync.send({}, _NO_IDS, {}, dense=True).result(), self.own)
+        tables = self.sync.load(ahead.pending.result(), self.own)
         if following is not None:
-            self._ahead = self._send_pull(following, self._batches + 1)
+            self._ahead = self._send_pull(following, dense=False)
         self._batches += 1
         pulled = time.perf_counter()
         metrics.pull_s += pulled - started
@@ -421,21 +439,33 @@ class Trainer:
 
     def _push(self) -> None:
         started = time.perf_counter()
-        for delta in self.buffer.deltas(self.layout, self._task.task_id, self._seq, self.trainer_id,
+        task_id = self._task.task_id
+        self.committer.raise_failed(task_id)
+        changes = {}
+        for delta in self.buffer.deltas(self.layout, task_id, self._seq, self.trainer_id,
                                         self.step, self._group_examples):
-            self.delivery.add(self.topics.grad(delta.shard), delta.to_bytes(), self._task.task_id.encode())
+            self.delivery.add(self.topics.grad(delta.shard), delta.to_bytes(), task_id.encode())
+            for part in delta.sparse:
+                self.own.rows(part.table, part.ids, part.values, delta.shard)
+            for piece in delta.dense:
+                changes[(piece.param, piece.block)] = self.own.block((piece.param, piece.block), piece.values,
+                                                                     delta.shard)
+        self.own.pushed(self.step, task_id)
         self.model.zero_grad(set_to_none=True)
+        self.layout.add(changes)  # the next mini-batch sees this push, pulled or not
         self._seq += 1
         pushed, self.step = self.step, self.step + 1
         self._group_batches = self._group_examples = 0
         self._since_commit += 1
         commit_every = self.config.train.commit_every
-        # Sync and bounded modes commit every push: shards only see committed steps.
-        if (self.config.train.delivery == "at_least_once" or self.gate.active
-                or (commit_every and self._since_commit >= commit_every)):
+        if self.gate.active:
+            # Sync and bounded modes commit every push and wait: shards only see committed steps.
             self._commit()
             self.step = self.gate.after_push(pushed)
-        elif time.monotonic() - self._heartbeat_at > self.config.tasks.timeout_s / 3:
+        elif self.config.train.delivery == "at_least_once" or (commit_every and self._since_commit >= commit_every):
+            self.committer.hand(task_id, self.delivery.take())
+            self._since_commit = 0
+        if time.monotonic() - self._heartbeat_at > self.config.tasks.timeout_s / 3:
             self._heartbeat()
         elapsed = time.perf_counter() - started
         self._metrics.push_s += elapsed
@@ -449,7 +479,7 @@ class Trainer:
         """Check the task is still ours (a zombie learns here that it was requeued), then commit."""
         self._heartbeat()
         started = time.perf_counter()
-        self.committer.commit(self.delivery.take())
+        self.committer.commit(self._task.task_id, self.delivery.take())
         self._since_commit = 0
         elapsed = time.perf_counter() - started
         self._metrics.push_s += elapsed

@@ -143,7 +143,7 @@ def test_minimal_job_file_takes_every_documented_default():
             "delivery": "exactly_once",
             "push_every": 1,
             "pull_every": 1,
-            "commit_every": 0,
+            "commit_every": 1,
             "learning_rate": 0.05,
             "torch_threads": 1,
         },
