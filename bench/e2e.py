@@ -21,7 +21,7 @@ score both models.
 Reported per run: examples/s in steady state (10%-90% of the records applied, from the shards'
 stats) and including start-up, the ratio to the bare loop, holdout AUC and its gap to the bare
 loop's, mean predicted p against the observed CTR, CPU microseconds per record of each process
-kind, and peak RSS. Prints a table, then the JSON report (also to `--out`).
+kind over the whole run and in the steady state, and peak RSS. Prints a table, then the JSON report (also to `--out`).
 """
 
 from __future__ import annotations
@@ -215,13 +215,16 @@ class Usage:
         self.baseline = {pid: s[0] for pids in kinds.values() for pid in pids if (s := proc_stat(pid))}
         self.last: dict[int, tuple[float, int]] = {}
 
-    def sample(self, trainer_pids: list[int]) -> None:
+    def sample(self, trainer_pids: list[int]) -> dict[str, float]:
+        """Samples every process; returns the CPU seconds used so far per kind."""
         self.kinds["loader"] = sorted(set(self.kinds.get("loader", [])) | {c for t in trainer_pids for c in children(t)})
         for pids in self.kinds.values():
             for pid in pids:
                 stat = proc_stat(pid)
                 if stat is not None:
                     self.last[pid] = stat
+        return {kind: sum(self.last[p][0] - self.baseline.get(p, 0.0) for p in pids if p in self.last)
+                for kind, pids in self.kinds.items()}
 
     def report(self, records: int) -> tuple[dict[str, float], dict[str, float]]:
         cpu, rss = {}, {}
@@ -261,14 +264,16 @@ def job_run(endpoints: Endpoints, services: dict[str, int], work: Workload, fmt:
     procs = {"master": [start("master", "--job", str(job_file))],
              "shard": [start("pserver", "--job", name, "--index", str(i)) for i in range(2)],
              "trainer": [start("trainer", "--job", name, "--id", f"t{i}") for i in range(trainers)]}
-    usage = Usage({"broker": [services["kafka"]], "redis": [services["redis"]], "etcd": [services["etcd"]],
-                   **{kind: [p.pid for p in ps] for kind, ps in procs.items()}})
+    # `services`: the services' pids by name, for their CPU; empty when they are not ours to watch.
+    usage = Usage({kind: [services[name]] for kind, name in (("broker", "kafka"), ("redis", "redis"), ("etcd", "etcd"))
+                   if name in services} | {kind: [p.pid for p in ps] for kind, ps in procs.items()})
     progress: list[tuple[float, int]] = []
+    used: list[dict[str, float]] = []  # CPU seconds per kind at each progress sample
     try:
         while True:
             now, done = time.monotonic(), applied(redis_conn, name)
             progress.append((now, done))
-            usage.sample([p.pid for p in procs["trainer"]])
+            used.append(usage.sample([p.pid for p in procs["trainer"]]))
             if done >= records:
                 break
             dead = [kind for kind, ps in procs.items() for p in ps if p.poll() is not None]
@@ -293,7 +298,9 @@ def job_run(endpoints: Endpoints, services: dict[str, int], work: Workload, fmt:
     cpu, rss = usage.report(records)
     return {"run": f"job {fmt}, {trainers} trainer{'s' * (trainers > 1)}", "format": fmt, "trainers": trainers,
             "examples_per_s": steady_rate(progress, records), "examples_per_s_with_startup": round(records / wall),
-            "wall_s": round(wall, 1), "cpu_us_per_record": cpu, "peak_rss_mib": rss, **quality(work, scores)}
+            "wall_s": round(wall, 1), "cpu_us_per_record": cpu,
+            "steady_cpu_us_per_record": steady_cpu(progress, used, records), "peak_rss_mib": rss,
+            **quality(work, scores)}
 
 
 def steady_rate(progress: list[tuple[float, int]], records: int) -> int:
@@ -304,13 +311,27 @@ def steady_rate(progress: list[tuple[float, int]], records: int) -> int:
     return round(0.8 * records / max(hi - lo, 1e-9))
 
 
+def steady_cpu(progress: list[tuple[float, int]], used: list[dict[str, float]], records: int) -> dict[str, float]:
+    """CPU microseconds per record of each kind between the samples nearest 10% and 90% of
+    the records applied: what bounds the steady rate, without start-up and shut-down."""
+    done = np.array([p[1] for p in progress])
+    lo = int(np.searchsorted(done, 0.1 * records))
+    hi = min(int(np.searchsorted(done, 0.9 * records)), len(done) - 1)
+    if hi <= lo or done[hi] <= done[lo]:
+        return {}
+    n = done[hi] - done[lo]
+    out = {kind: round((used[hi].get(kind, 0.0) - used[lo].get(kind, 0.0)) / n * 1e6, 1) for kind in used[hi]}
+    out["total"] = round(sum(out.values()), 1)
+    return out
+
+
 # -------------------------------------------------------------------------- report
 def table(runs: list[dict], bare: dict) -> str:
-    head = f"{'run':<24} {'ex/s':>8} {'ratio':>6} {'ex/s all':>9} {'AUC':>7} {'gap':>7} {'mean p':>7} {'CTR':>6}  CPU us/record"
+    head = f"{'run':<24} {'ex/s':>8} {'ratio':>6} {'ex/s all':>9} {'AUC':>7} {'gap':>7} {'mean p':>7} {'CTR':>6}  CPU us/record, steady"
     lines = [head, "-" * len(head)]
     for r in [bare, *runs]:
         ratio = r["examples_per_s"] / bare["examples_per_s"]
-        cpu = " ".join(f"{k} {v:g}" for k, v in r["cpu_us_per_record"].items())
+        cpu = " ".join(f"{k} {v:g}" for k, v in (r.get("steady_cpu_us_per_record") or r["cpu_us_per_record"]).items())
         lines.append(f"{r['run']:<24} {r['examples_per_s']:>8} {ratio:>6.2f} {r.get('examples_per_s_with_startup', ''):>9} "
                      f"{r['holdout_auc']:>7.4f} {r['holdout_auc'] - bare['holdout_auc']:>+7.4f} {r['mean_p']:>7.4f} "
                      f"{r['observed_ctr']:>6.3f}  {cpu}")
