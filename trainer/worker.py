@@ -190,9 +190,9 @@ class Trainer:
         # added to every pull, with the job's own update rule estimating their effect.
         self.own = OwnPushes(make_rule(config.pservers.optimizer, lr=config.train.learning_rate),
                              self.trainer_id)
-        # Pull the next mini-batch's parameters while this one trains: the push this one makes
-        # is not in that pull, but its estimate is added when the pull is read. The gated modes
-        # wait after each push for the shards, so their next pull must be sent after it.
+        # Pull the next mini-batch's rows while this one trains: the push this one makes is not
+        # in that pull, but its estimate is added when the pull is read. The gated modes wait
+        # after each push for the shards, so their next pull must be sent after it.
         self._pull_ahead = config.train.sgd == "async"
         self._ahead: _Ahead | None = None  # the next mini-batch's pull, on the wire
         self.gate = StepGate(self.redis, config.name, self.shards, config.train.sgd, config.train.staleness,
