@@ -2,7 +2,8 @@
 pyarrow supports (s3://, hdfs://, gs://) by config.
 
 Layout under `<checkpoint_uri>/shard-<i>/<checkpoint_id>/`: one .npy file per array (ids,
-values, steps and every optimizer state array of each table; dense blocks), `dedup.json`, and
+values, steps and every optimizer state array of each table; dense blocks), `index.json` (each
+table's width and update count), `dedup.json`, and
 `MANIFEST.json` written last with every file's size and sha256. A checkpoint counts only once
 its manifest exists and its files match it, so a crash mid-write leaves an ignored directory,
 never a torn checkpoint. Older checkpoints are deleted only after the new manifest is written
@@ -144,7 +145,7 @@ def _snapshot(state: ShardState) -> dict[str, bytes]:
     files: dict[str, bytes] = {}
     for t, (name, table) in enumerate(sorted(state.tables.items())):
         n = table.size
-        index["tables"][name] = {"dim": table.dim, "file": f"table{t}"}
+        index["tables"][name] = {"dim": table.dim, "file": f"table{t}", "updates": table.updates}
         files[f"table{t}.ids.npy"] = _npy(table.ids[:n])
         files[f"table{t}.values.npy"] = _npy(table.values[:n])
         files[f"table{t}.steps.npy"] = _npy(table.steps[:n])
@@ -173,6 +174,8 @@ def _restore(blobs: dict[str, bytes], rule: UpdateRule) -> ShardState:
         rows = table.rows_for(ids)  # same ids -> rows 0..n-1 in order
         table.values[rows] = _load_npy(blobs[f"{f}.values.npy"])
         table.steps[rows] = _load_npy(blobs[f"{f}.steps.npy"])
+        # Checkpoints from before the table clock: its rows' most updates is the closest bound.
+        table.updates = int(meta.get("updates", table.steps[:len(ids)].max(initial=0)))
         for s in rule.state_names:
             table.state[s][rows] = _load_npy(blobs[f"{f}.state.{s}.npy"])
         state.tables[name] = table

@@ -5,10 +5,14 @@ The shard gathers the rows a gradient batch touches into dense float32 arrays, c
 state back. Every built-in is a handful of in-place numpy passes over the batch: no Python loop
 runs per row, no float64 temporaries, no copies of the inputs.
 
-State is lazy and per row: ``steps[i]`` counts the updates row ``i`` had before this one, and a
-row's state only advances when the row receives a gradient, so a sparse row updated at its k-th
-touch sees exactly what a dense optimizer would see at its k-th step (Adam's bias correction
-uses ``steps + 1``, as torch.optim.Adam's per-parameter ``step`` does).
+State is lazy and per row: a row's state only advances when the row receives a gradient. What
+``steps`` counts is the rule's ``clock``: ``"row"`` (the default), the updates row ``i`` had
+before this one, so a sparse row at its k-th touch sees what a dense optimizer sees at its k-th
+step; ``"table"``, the updates the whole table had before this one, which is how
+torch.optim.SparseAdam and TensorFlow's LazyAdam bias-correct (Adam declares it: with per-row
+correction a row touched for the first time late in training moves lr, with the table's about
+3 lr, and one process training a production-like workload lost 0.0035 AUC to the smaller
+steps, bench/RESULTS.md).
 
 A user's own rule is any object with ``name``, ``state_names`` and ``apply`` (``UpdateRule``),
 named in the job config as ``"module.path:callable"`` and built by ``make_rule``.
@@ -35,6 +39,7 @@ __all__ = [
     "UpdateRule",
     "UpdateRuleError",
     "check_batch",
+    "clock_of",
     "make_rule",
 ]
 
@@ -60,7 +65,9 @@ class UpdateRule(Protocol):
         state_names: the per-row state arrays the rule keeps, each shaped like the rows and
             float32. The shard creates them filled with zeros for a new row and checkpoints them
             with the parameters; a rule that wants another start value writes it itself on a
-            row's first update (``steps == 0``), as Adagrad does.
+            row's first update (``steps == 0`` under the row clock), as Adagrad does.
+        clock: optional, what ``steps`` counts: ``"row"`` (when absent) or ``"table"``
+            (see the module's docstring; ``clock_of``).
     """
 
     name: str
@@ -77,10 +84,21 @@ class UpdateRule(Protocol):
                 first); read only.
             state: ``state[name]`` for every name in ``state_names``, (n, dim) float32; updated
                 in place.
-            steps: (n,) int64, how many updates each row had BEFORE this one; read only (the
-                caller increments it afterwards).
+            steps: (n,) int64, how many updates each row (clock "row") or its table (clock
+                "table") had BEFORE this one; read only (the caller counts this one afterwards).
         """
         ...
+
+
+CLOCKS = ("row", "table")
+
+
+def clock_of(rule: UpdateRule) -> str:
+    """The rule's ``clock``: ``"row"`` unless it declares ``"table"``."""
+    clock = getattr(rule, "clock", "row")
+    if clock not in CLOCKS:
+        raise UpdateRuleError(f"{getattr(rule, 'name', rule)!r}: clock: must be one of {CLOCKS}, got {clock!r}")
+    return clock
 
 
 # ------------------------------------------------------------------------------ validation
@@ -208,8 +226,9 @@ class Adagrad:
 
 @dataclass(frozen=True, slots=True)
 class Adam:
-    """Adam as torch.optim.Adam (amsgrad=False, weight_decay=0), bias-corrected per row with
-    ``t = steps + 1``::
+    """Adam as torch.optim.Adam (amsgrad=False, weight_decay=0), bias-corrected with
+    ``t = steps + 1``; on a shard's tables ``steps`` is the table's update count (clock
+    "table"), as torch.optim.SparseAdam does::
 
         m = lerp(m, g, 1 - beta1);   v = beta2 * v + (1 - beta2) * g * g
         w -= lr / (1 - beta1**t) * m / (sqrt(v) / sqrt(1 - beta2**t) + eps)
@@ -217,6 +236,7 @@ class Adam:
 
     name: ClassVar[str] = "adam"
     state_names: ClassVar[tuple[str, ...]] = ("exp_avg", "exp_avg_sq")
+    clock: ClassVar[str] = "table"
 
     lr: float
     beta1: float = 0.9
@@ -424,3 +444,5 @@ def _check_rule(spec: str, rule: object) -> None:
                               f"strings, got {state_names!r}")
     if not callable(getattr(rule, "apply")):
         raise UpdateRuleError(f"{spec}: apply is not callable")
+    if getattr(rule, "clock", "row") not in CLOCKS:
+        raise UpdateRuleError(f"{spec}: clock must be one of {CLOCKS}, got {getattr(rule, 'clock')!r}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pserver.optimizers import UpdateRule
+from pserver.optimizers import UpdateRule, clock_of
 from pserver.sharding import mix64, name_salt
 
 _EMPTY = np.uint64(0)  # slot marker in `_keys`; real ids are stored as id + 1 (see _slot_key)
@@ -109,6 +109,7 @@ class RowTable:
         self.ids = np.zeros(capacity, dtype=np.uint64)
         self.values = np.zeros((capacity, dim), dtype=np.float32)
         self.steps = np.zeros(capacity, dtype=np.int64)
+        self.updates = 0  # applies to the table: the "table" clock (pserver/optimizers.py)
         # Update rules start from zero state and set their own start values on a row's first
         # update (steps == 0), see pserver/optimizers.py.
         self.state = {n: np.zeros((capacity, dim), dtype=np.float32) for n in state_names}
@@ -146,11 +147,13 @@ class RowTable:
         state = {name: np.take(row_view(arr), rows).view(np.float32).reshape(n, dim)
                  for name, arr in self.state.items()}
         steps = np.take(self.steps, rows)
-        rule.apply(values, grads, state, steps)
+        clock = steps if clock_of(rule) == "row" else np.full(n, self.updates, dtype=np.int64)
+        rule.apply(values, grads, state, clock)
         np.put(row_view(self.values), rows, row_view(values))
         for name, arr in self.state.items():
             np.put(row_view(arr), rows, row_view(state[name]))
         np.put(self.steps, rows, steps + 1)
+        self.updates += 1
         return rows
 
     def _reserve(self, needed: int) -> None:

@@ -2,7 +2,9 @@
 
 The reference the distributed run is measured against (tests compare holdout AUC, bench/
 compares throughput): same featurizer, same model, same deterministic initial values, and
-torch.optim's version of the job's update rule (the pservers' rules equal torch.optim's).
+torch.optim's version of the job's update rule (the pservers' rules equal torch.optim's; for
+Adam the tables are under torch.optim.SparseAdam, whose bias correction counts the table's
+steps as a shard's does, and the dense layers under Adam).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from trainer.params import INIT_SCALE, DenseLayout
 from trainer.worker import build_model, model_spec, use_torch_threads
 
 _OPTIMIZERS = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
+_SPARSE = {"adam": torch.optim.SparseAdam}  # where torch's rule takes no sparse gradients
 
 
 class LocalTrainer:
@@ -41,9 +44,12 @@ class LocalTrainer:
         rule = _OPTIMIZERS.get(config.pservers.optimizer)
         if rule is None:
             raise ValueError(f"no torch.optim reference for optimizer {config.pservers.optimizer!r}")
-        self.sparse = rule is not torch.optim.Adam  # torch's Adam takes no sparse gradients
-        self.optimizer = rule([*self.model.parameters(), *self.tables.parameters()],
-                              lr=config.train.learning_rate)
+        lr = config.train.learning_rate
+        sparse_rule = _SPARSE.get(config.pservers.optimizer)
+        if sparse_rule is None:
+            self.optimizers = [rule([*self.model.parameters(), *self.tables.parameters()], lr=lr)]
+        else:
+            self.optimizers = [rule(self.model.parameters(), lr=lr), sparse_rule(self.tables.parameters(), lr=lr)]
         self.batch_size = config.model.batch_size
 
     def _forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,7 +58,7 @@ class LocalTrainer:
         every = torch.arange(len(ids))
         # Sparse gradients: the optimizer touches only the rows of the batch, as a shard does
         # (a dense gradient would update all hash_buckets rows every step).
-        pooled = {name: pool(F.embedding(ids, table, sparse=self.sparse), every, bags, batch.size, batch.fields)
+        pooled = {name: pool(F.embedding(ids, table, sparse=True), every, bags, batch.size, batch.fields)
                   for name, table in self.tables.items()}
         return self.model(pooled, torch.from_numpy(batch.dense)), torch.from_numpy(batch.labels)
 
@@ -75,9 +81,11 @@ class LocalTrainer:
 
     def _step(self, batch: Batch) -> None:
         logits, labels = self._forward(batch)
-        self.optimizer.zero_grad()
+        for optimizer in self.optimizers:
+            optimizer.zero_grad()
         F.binary_cross_entropy_with_logits(logits, labels).backward()
-        self.optimizer.step()
+        for optimizer in self.optimizers:
+            optimizer.step()
 
     @torch.no_grad()
     def score(self, examples: Sequence[Example]) -> np.ndarray:
