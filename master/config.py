@@ -363,6 +363,15 @@ class TrainSection:
             ``at_least_once`` (lower latency; a re-run task may apply part of its gradient twice).
         push_every: push accumulated gradients every n mini-batches.
         pull_every: pull fresh parameters every m mini-batches.
+        max_in_flight: async only: how many of its own pushes a trainer may have handed to
+            its committer and not yet seen published by every shard when it goes on to the
+            next mini-batch; it waits for the shards otherwise, never for other trainers. 0
+            (the default): each mini-batch trains on parameters that include every push of
+            its trainer, exactly, and the others' published ones. Above 0 a trainer runs
+            ahead of a slow pipeline and adds its pushes' estimated dense changes
+            (trainer/own.py); its rows miss them. Unbounded, two trainers were up to 10
+            pushes apart and 0.01 AUC behind one process (bench/RESULTS.md). Must be 0 when
+            sync or bounded, which wait their own way.
         commit_every: exactly-once only: k >= 1 = hand every k pushes to the trainer's
             committer thread, which commits whatever has gathered in one transaction as soon as
             its last one is done (a push reaches the other trainers milliseconds after it is
@@ -378,6 +387,7 @@ class TrainSection:
     delivery: str = "exactly_once"
     push_every: int = 1
     pull_every: int = 1
+    max_in_flight: int = 0
     commit_every: int | None = None  # None: 1 with exactly-once delivery, else 0
     learning_rate: float = 0.05
     # One: at the built-in models' sizes, a second intra-op thread costs more in hand-offs than
@@ -402,6 +412,10 @@ class TrainSection:
         if sgd != "bounded" and staleness != 0:
             reason = f"only applies when train.sgd = 'bounded' (it is {sgd!r}); remove it"
             raise JobConfigError("train.staleness", reason)
+        max_in_flight = _int("train.max_in_flight", self.max_in_flight, 0)
+        if sgd != "async" and max_in_flight != 0:
+            reason = f"only applies when train.sgd = 'async' (it is {sgd!r}, which waits its own way); remove it"
+            raise JobConfigError("train.max_in_flight", reason)
         if delivery != "exactly_once" and commit_every != 0:
             raise JobConfigError(
                 "train.commit_every",

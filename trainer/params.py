@@ -13,6 +13,7 @@ rather than zero. A block no shard has trained yet is not in Redis: it is then i
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -28,6 +29,39 @@ from trainer.own import OwnPushes
 
 BLOCK = 4096
 INIT_SCALE = 0.01  # sparse rows' initial scale: the pservers' ShardState default
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """The model's embedding tables stored as one.
+
+    Every table is looked up by the same hashed feature ids, so shards, Redis and gradient
+    deltas keep one row per id holding each table's columns side by side (tables in name
+    order): a pull reads, a push carries and a shard applies and publishes one key per id
+    instead of one per table and id. With WideDeep's two tables that halved the per-id work
+    that dominated Redis's and the shards' CPU (bench/RESULTS.md). One table keeps its name;
+    several are named by theirs joined with "+" (`deep+wide`), so a model whose tables change
+    meets rows of another width under another name rather than its old rows."""
+
+    name: str
+    width: int
+    columns: tuple[tuple[str, int, int], ...]  # model table, first column, width
+
+    @classmethod
+    def of(cls, tables: dict[str, int]) -> RowLayout:
+        names = sorted(tables)
+        joined = "+".join(names)
+        if len(joined.encode()) > 255:  # a table name's limit (schemas): named by its digest
+            joined = "rows-" + hashlib.sha256(joined.encode()).hexdigest()[:16]
+        columns, at = [], 0
+        for name in names:
+            columns.append((name, at, tables[name]))
+            at += tables[name]
+        return cls(joined, at, tuple(columns))
+
+    def split(self, pooled: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Pooled rows (..., width) into the model's tables (..., each table's width): views."""
+        return {name: pooled[..., start:start + width] for name, start, width in self.columns}
 
 
 @dataclass(frozen=True)
@@ -126,12 +160,10 @@ class ParamSync:
 
     def load(self, fetched: Fetched, own: OwnPushes) -> dict[str, np.ndarray]:
         """Dense blocks into the model (when fetched), each with what `own` pushes not yet
-        published change; returns the rows, likewise."""
+        published change; returns the rows as pulled."""
         own.published(fetched.applied)
         if fetched.blocks is not None:
             self.layout.load(own.add_blocks(fetched.blocks, fetched.applied))
-        for table, values in fetched.rows.items():
-            own.add_rows(table, fetched.ids, values, fetched.applied)
         return fetched.rows
 
     def _retrying(self, pull):

@@ -14,7 +14,7 @@ from pserver.serving import ParamClient
 from pserver.sharding import SlotMap
 from schemas import Example
 from trainer.features import Featurizer, pool
-from trainer.params import DenseLayout, ParamSync
+from trainer.params import DenseLayout, ParamSync, RowLayout
 from trainer.worker import build_model, model_spec
 
 
@@ -23,6 +23,7 @@ class Scorer:
         spec = model_spec(config)
         self.featurizer = Featurizer(spec.fields, spec.dense_features, config.model.hash_buckets)
         self.model = build_model(config).eval()
+        self.rows = RowLayout.of(self.model.tables)
         self.sync = ParamSync(ParamClient(client, config.name, slot_map), DenseLayout(self.model), wait_s=10)
 
     @torch.no_grad()
@@ -34,8 +35,9 @@ class Scorer:
             batch = self.featurizer.batch(examples[i:i + batch_size])
             unique, inverse = np.unique(batch.ids, return_inverse=True)
             inverse_t, bags_t = torch.from_numpy(inverse.astype(np.int64)), torch.from_numpy(batch.bags)
-            pooled = {name: pool(torch.from_numpy(self.sync.pull_rows(name, unique, dim)), inverse_t, bags_t,
-                                 batch.size, batch.fields)
-                      for name, dim in self.model.tables.items()}
+            rows = self.rows
+            values = (torch.from_numpy(self.sync.pull_rows(rows.name, unique, rows.width)) if rows.width
+                      else torch.zeros(len(unique), 0))
+            pooled = rows.split(pool(values, inverse_t, bags_t, batch.size, batch.fields))
             out.append(torch.sigmoid(self.model(pooled, torch.from_numpy(batch.dense))).numpy())
         return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)

@@ -1,13 +1,20 @@
-"""The trainer's side of `train.sgd = "sync"` and `"bounded"` (see pserver/barrier.py).
+"""How long a trainer waits after a push: `train.sgd = "sync"` and `"bounded"` (see
+pserver/barrier.py), and async mode's `train.max_in_flight`.
 
-sync: after committing step k, wait until every shard has released step k, so the next
-mini-batch trains on parameters that include every live trainer's step k. bounded (stale
-synchronous parallel): before going on, wait while this trainer is more than `staleness` steps
-ahead of the slowest step the shards report as visible, its own included. Counting its own
-step is what bounds staleness under load: without it a trainer whose shards lag behind trains
-on parameters missing many of its own updates (CI measured an AUC 0.015 below the
-single-process run that way, against 0.001 on a quiet box). Waits are capped (`max_wait_s`): a shard that is
-down must not stall training forever; the cap is logged.
+async: after handing pushes to the committer, wait while more than `max_in_flight` (default
+0) of this trainer's own pushes are not yet published by every shard (`InFlight`). It never
+waits for another trainer, so a trainer with no work (a live stream between records) holds
+nobody back; and since every trainer keeps its own pushes close, each also trains on
+parameters missing only the last push or two of the others.
+
+sync: after pushing step k, wait until every shard has released step k, so the next
+mini-batch trains on parameters that include every live trainer's step k. bounded (stale synchronous parallel): before going on, wait while this
+trainer is more than `staleness` steps ahead of the slowest step the shards report as visible,
+its own included. Counting its own step is what bounds staleness under load: without it a
+trainer whose shards lag behind trains on parameters missing many of its own updates (CI
+measured an AUC 0.015 below the single-process run that way, against 0.001 on a quiet box).
+Waits are capped (`max_wait_s`): a shard that is down must not stall training forever; the
+cap is logged.
 """
 
 from __future__ import annotations
@@ -15,10 +22,12 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 
 import redis
 
 from schemas import RedisKeys
+from trainer.own import OwnPushes
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +58,10 @@ class StepGate:
         # bounded: at the slowest trainer's step, which would otherwise wait for it to catch up
         return min((v for s in steps for v in s["trainers"].values()), default=-1) + 1
 
-    def after_push(self, step: int) -> int:
-        """Wait as the mode says after committing `step`; returns the step to use next."""
+    def after_push(self, step: int, check: Callable[[], None] = lambda: None) -> int:
+        """Wait as the mode says after handing `step` to the committer; returns the step to
+        use next. `check` runs between polls and raises if the step can no longer land (its
+        commit failed)."""
         if not self.active:
             return step + 1
         began = time.monotonic()
@@ -69,5 +80,36 @@ class StepGate:
                 log.warning("trainer %s: step %d still held after %.0f s; going on", self.trainer_id,
                             step, self.max_wait_s)
                 return step + 1
-            time.sleep(0.005)
+            check()
+            # Polled: a step is released within milliseconds of the last delta it waits for.
+            time.sleep(0.001)
             self.waited_s = time.monotonic() - began
+
+
+class InFlight:
+    """Async mode's bound on a trainer's own pushes not yet visible (`train.max_in_flight`).
+
+    `read_applied` returns every shard's `RedisKeys.applied` (`ParamClient.applied`); it is
+    polled every millisecond while the trainer waits, a few bytes each."""
+
+    def __init__(self, limit: int, read_applied: Callable[[], dict[int, dict[str, int]]], trainer_id: str,
+                 max_wait_s: float) -> None:
+        self.limit = limit
+        self.read_applied = read_applied
+        self.trainer_id = trainer_id
+        self.max_wait_s = max_wait_s
+        self.waited_s = 0.0  # the last wait
+
+    def wait(self, own: OwnPushes, through: int, check: Callable[[], None] = lambda: None) -> None:
+        """Wait until at most `limit` of `own`'s pushes up to step `through` are unpublished.
+        `check` runs between polls and raises if they can no longer land (a failed commit)."""
+        began = time.monotonic()
+        while own.in_flight(through) > self.limit:
+            if time.monotonic() - began > self.max_wait_s:
+                log.warning("trainer %s: %d pushes still unpublished after %.0f s; going on", self.trainer_id,
+                            own.in_flight(through), self.max_wait_s)
+                break
+            check()
+            time.sleep(0.001)
+            own.published(self.read_applied())
+        self.waited_s = time.monotonic() - began

@@ -8,7 +8,7 @@ With exactly-once delivery the groups are committed in Kafka transactions by a b
 thread (trainer/committer.py: each group as it is made, several in one transaction when commits
 are slower than mini-batches; or once at the end of the task with `train.commit_every` 0), and
 the task is completed in etcd only after its last commit. What a pull misses of this trainer's
-own pushes is added to it (trainer/own.py).
+own pushes' dense changes is added to it (trainer/own.py).
 """
 
 from __future__ import annotations
@@ -47,27 +47,15 @@ from trainer.loader import BadRecord, Loaded, LoaderSpec, RecordLoader
 from trainer.metrics import TaskMetrics
 from trainer.models import ModelSpec
 from trainer.own import OwnPushes
-from trainer.params import DenseLayout, GradientBuffer, ParamSync, PendingFetch
+from trainer.params import DenseLayout, GradientBuffer, ParamSync, RowLayout
 from trainer.reader import RangeReadError
-from trainer.steps import StepGate
+from trainer.steps import InFlight, StepGate
 
 log = logging.getLogger(__name__)
 
 
 class _Stopped(Exception):
     """Stop was requested mid-task: the task is released, not failed."""
-
-
-@dataclass(frozen=True)
-class _Ahead:
-    batch: Batch
-    unique: np.ndarray
-    inverse: np.ndarray
-    shards: dict[str, np.ndarray]  # table -> the shard of each of `unique`
-    pending: PendingFetch
-
-
-_NO_IDS = np.zeros(0, dtype=np.uint64)
 
 
 def default_device() -> torch.device:
@@ -151,7 +139,6 @@ class Trainer:
             finally:
                 self.committer.close()
                 self.loader.close()
-                self._cancel_ahead()
                 self.delivery.close()
                 self.redis.close()
                 self.lease.revoke()
@@ -180,23 +167,22 @@ class Trainer:
             spec.dense_features, config.model.hash_buckets, self._chunk_records))
         use_torch_threads(config)
         self.model = build_model(config).to(self.device)
+        self.rows = RowLayout.of(self.model.tables)
         self.layout = DenseLayout(self.model)
         self.layout.load({})
         self.redis = redis_client(self.endpoints)
         client = ParamClient(self.redis, config.name, self.slot_map)
         self.sync = ParamSync(client, self.layout)
         self.buffer = GradientBuffer(self.slot_map, self.shards)
-        # Read-your-writes (trainer/own.py): the pushes the shards have not published yet are
-        # added to every pull, with the job's own update rule estimating their effect.
+        # Read-your-writes (trainer/own.py): the dense changes of the pushes the shards have not
+        # published yet are added to every pull, estimated with the job's own update rule.
         self.own = OwnPushes(make_rule(config.pservers.optimizer, lr=config.train.learning_rate),
                              self.trainer_id)
-        # Pull the next mini-batch's rows while this one trains: the push this one makes is not
-        # in that pull, but its estimate is added when the pull is read. The gated modes wait
-        # after each push for the shards, so their next pull must be sent after it.
-        self._pull_ahead = config.train.sgd == "async"
-        self._ahead: _Ahead | None = None  # the next mini-batch's pull, on the wire
         self.gate = StepGate(self.redis, config.name, self.shards, config.train.sgd, config.train.staleness,
                              self.trainer_id, max_wait_s=max(1.0, config.tasks.timeout_s / 3))
+        self.in_flight = InFlight(config.train.max_in_flight, client.applied, self.trainer_id,
+                                  max_wait_s=max(1.0, config.tasks.timeout_s / 3)
+                                  ) if config.train.sgd == "async" else None
         self.step = self.gate.first_step() if self.gate.active else self.own.first_step(client.applied())
         if config.train.delivery == "exactly_once":
             self.delivery = TransactionalDelivery(self.endpoints, f"{config.name}.trainer.{self.trainer_id}")
@@ -268,7 +254,6 @@ class Trainer:
         self.delivery.discard()
         self.committer.drop(self._task.task_id)
         self.own.forget(self._task.task_id)
-        self._cancel_ahead()
         feed.abandon(self._fed)
         if ending == "released":
             self._quietly(lambda t=self._task: self.tasks.release(t))
@@ -322,11 +307,8 @@ class Trainer:
         self.buffer.clear()
         self._batcher = MiniBatches(self.config.model.batch_size)
         batches = self._mini_batches(feed, first, stop)
-        batch = next(batches, None)
-        while batch is not None:
-            following = next(batches, None)
-            self._train_batch(batch, following if self._pull_ahead else None)
-            batch = following
+        for batch in batches:
+            self._train_batch(batch)
         if self._group_batches:
             self._push()
         self.delivery.add(self.topics.metrics, metrics.to_json(), task.task_id.encode())
@@ -370,38 +352,22 @@ class Trainer:
         # Keyed by position: the DLQ is compacted, so a re-run task leaves one entry per record.
         self.delivery.add(self.topics.dlq, letter.to_json(), f"{bad.topic}:{bad.partition}:{bad.offset}".encode())
 
-    def _send_pull(self, batch: Batch, dense: bool) -> _Ahead:
-        unique, inverse = np.unique(batch.ids, return_inverse=True)
-        # Each row's shard, hashed once: the pull needs the shards' versions, the push splits by them.
-        shards = {name: self.slot_map.shard_of_rows(name, unique) for name in self.model.tables}
-        pending = self.sync.send(self.model.tables, unique, shards, dense=dense)
-        return _Ahead(batch, unique, inverse, shards, pending)
-
-    def _cancel_ahead(self) -> None:
-        if self._ahead is not None:
-            self._ahead.pending.cancel()
-            self._ahead = None
-
-    def _train_batch(self, batch: Batch, following: Batch | None = None) -> None:
-        """Train one mini-batch. `following`'s rows are pulled before this one computes and
-        read when it trains (Redis answers meanwhile); its dense blocks are pulled when it
-        trains: how fresh they are is what asynchronous training is most sensitive to (other
-        trainers' updates to the dense layers a step or two late cost a deep model more AUC
-        than rows many steps late, bench/RESULTS.md), and they are a few keys."""
+    def _train_batch(self, batch: Batch) -> None:
+        """Train one mini-batch. Its rows and (every `train.pull_every` batches) the dense
+        blocks are pulled when it begins, in one Redis transaction, after the wait for this
+        trainer's pushes in flight: it trains on parameters that miss only its own last push
+        (whose dense change it adds, trainer/own.py) and what the others have not published.
+        Rows pulled a batch ahead, while the batch before computed, missed two of its own
+        pushes, and a deep model lost up to 0.012 AUC to that (bench/RESULTS.md)."""
         metrics = self._metrics
         started = time.perf_counter()
-        ahead, self._ahead = self._ahead, None
         dense = self._batches % self.config.train.pull_every == 0
-        if ahead is None or ahead.batch is not batch:
-            if ahead is not None:
-                ahead.pending.cancel()
-            ahead = self._send_pull(batch, dense=dense and not self._pull_ahead)
-        unique, inverse = ahead.unique, ahead.inverse
-        if dense and self._pull_ahead:
-            self.sync.load(self.sync.send({}, _NO_IDS, {}, dense=True).result(), self.own)
-        tables = self.sync.load(ahead.pending.result(), self.own)
-        if following is not None:
-            self._ahead = self._send_pull(following, dense=False)
+        unique, inverse = np.unique(batch.ids, return_inverse=True)
+        layout = self.rows
+        # Each row's shard, hashed once: the pull needs the shards' versions, the push splits by them.
+        shards = {layout.name: self.slot_map.shard_of_rows(layout.name, unique)} if layout.width else {}
+        request = {layout.name: layout.width} if layout.width else {}
+        tables = self.sync.load(self.sync.send(request, unique, shards, dense=dense).result(), self.own)
         self._batches += 1
         pulled = time.perf_counter()
         metrics.pull_s += pulled - started
@@ -409,10 +375,10 @@ class Trainer:
 
         inverse_t = self._to(torch.from_numpy(inverse.astype(np.int64)))
         bags_t = self._to(torch.from_numpy(batch.bags))
-        rows, pooled = {}, {}
-        for name, values in tables.items():
-            rows[name] = self._to(torch.from_numpy(values)).requires_grad_(True)
-            pooled[name] = pool(rows[name], inverse_t, bags_t, batch.size, batch.fields)
+        values = tables.get(layout.name)
+        rows = self._to(torch.from_numpy(values if values is not None else np.zeros((len(unique), 0), np.float32)))
+        rows.requires_grad_(True)
+        pooled = layout.split(pool(rows, inverse_t, bags_t, batch.size, batch.fields))
         labels = self._to(torch.from_numpy(batch.labels))
         logits = self.model(pooled, self._to(torch.from_numpy(batch.dense)))
         loss = F.binary_cross_entropy_with_logits(logits, labels)
@@ -420,8 +386,8 @@ class Trainer:
         with torch.no_grad():
             scores = torch.sigmoid(logits).cpu().numpy()
         metrics.observe(batch.labels, scores, float(loss.item()) * batch.size)
-        for name, tensor in rows.items():
-            self.buffer.add_rows(name, unique, tensor.grad.cpu().numpy(), ahead.shards[name])
+        if layout.width:
+            self.buffer.add_rows(layout.name, unique, rows.grad.cpu().numpy(), shards[layout.name])
         computed = time.perf_counter() - pulled
         metrics.compute_s += computed
         self.obs.compute_seconds.observe(computed)
@@ -445,8 +411,6 @@ class Trainer:
         for delta in self.buffer.deltas(self.layout, task_id, self._seq, self.trainer_id,
                                         self.step, self._group_examples):
             self.delivery.add(self.topics.grad(delta.shard), delta.to_bytes(), task_id.encode())
-            for part in delta.sparse:
-                self.own.rows(part.table, part.ids, part.values, delta.shard)
             for piece in delta.dense:
                 changes[(piece.param, piece.block)] = self.own.block((piece.param, piece.block), piece.values,
                                                                      delta.shard)
@@ -459,12 +423,16 @@ class Trainer:
         self._since_commit += 1
         commit_every = self.config.train.commit_every
         if self.gate.active:
-            # Sync and bounded modes commit every push and wait: shards only see committed steps.
-            self._commit()
-            self.step = self.gate.after_push(pushed)
+            # Sync and bounded modes commit every push and wait for the shards to publish it
+            # (which they do only once it is committed).
+            self.committer.hand(task_id, self.delivery.take())
+            self._since_commit = 0
+            self.step = self.gate.after_push(pushed, lambda: self.committer.raise_failed(task_id))
         elif self.config.train.delivery == "at_least_once" or (commit_every and self._since_commit >= commit_every):
             self.committer.hand(task_id, self.delivery.take())
             self._since_commit = 0
+            if self.in_flight is not None:
+                self.in_flight.wait(self.own, pushed, lambda: self.committer.raise_failed(task_id))
         if time.monotonic() - self._heartbeat_at > self.config.tasks.timeout_s / 3:
             self._heartbeat()
         elapsed = time.perf_counter() - started
@@ -474,13 +442,3 @@ class Trainer:
     def _heartbeat(self) -> None:
         self._task = self.tasks.heartbeat(self._task)
         self._heartbeat_at = time.monotonic()
-
-    def _commit(self) -> None:
-        """Check the task is still ours (a zombie learns here that it was requeued), then commit."""
-        self._heartbeat()
-        started = time.perf_counter()
-        self.committer.commit(self._task.task_id, self.delivery.take())
-        self._since_commit = 0
-        elapsed = time.perf_counter() - started
-        self._metrics.push_s += elapsed
-        self.obs.commit_seconds.observe(elapsed)

@@ -143,6 +143,7 @@ def test_minimal_job_file_takes_every_documented_default():
             "delivery": "exactly_once",
             "push_every": 1,
             "pull_every": 1,
+            "max_in_flight": 0,
             "commit_every": 1,
             "learning_rate": 0.05,
             "torch_threads": 1,
@@ -295,6 +296,7 @@ BAD_VALUES = [
     ("train", "push_every", 0, "train.push_every", "integer >= 1"),
     ("train", "pull_every", 0, "train.pull_every", "integer >= 1"),
     ("train", "commit_every", -1, "train.commit_every", "integer >= 0"),
+    ("train", "max_in_flight", -1, "train.max_in_flight", "integer >= 0"),
     ("train", "learning_rate", 0, "train.learning_rate", "number > 0"),
     ("train", "learning_rate", -0.1, "train.learning_rate", "number > 0"),
     ("pservers", "count", 0, "pservers.count", "integer in 1..1024, got 0"),
@@ -331,6 +333,13 @@ def test_invalid_value_is_rejected_naming_file_key_and_why(section, key, value, 
 def test_bounded_sgd_without_staleness_is_rejected():
     err = rejected(with_keys(train={"sgd": "bounded"}))
     assert (err.key, err.reason) == ("train.staleness", "must be an integer >= 1 when train.sgd = 'bounded', got 0")
+
+
+def test_max_in_flight_is_for_async_only():
+    assert JobConfig.from_toml(to_toml(with_keys(train={"sgd": "sync"}))).train.max_in_flight == 0
+    assert JobConfig.from_toml(to_toml(with_keys(train={"max_in_flight": 3}))).train.max_in_flight == 3
+    err = rejected(with_keys(train={"sgd": "bounded", "staleness": 2, "max_in_flight": 2}))
+    assert err.key == "train.max_in_flight" and "async" in err.reason
 
 
 def test_commit_every_with_at_least_once_delivery_is_rejected():
@@ -610,6 +619,7 @@ def job_files(draw):
     if delivery is not None:
         train["delivery"] = delivery
     maybe(train, "commit_every", st.integers(0, 100) if delivery != "at_least_once" else st.just(0))
+    maybe(train, "max_in_flight", st.integers(0, 100) if sgd in ("async", None) else st.just(0))
     maybe(train, "push_every", st.integers(1, 100))
     maybe(train, "pull_every", st.integers(1, 100))
     maybe(train, "learning_rate", positive)

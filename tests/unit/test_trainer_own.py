@@ -14,6 +14,7 @@ from pserver.optimizers import make_rule
 from trainer.committer import Committer, Ended
 from trainer.delivery import DeliveryError
 from trainer.own import OwnPushes
+from trainer.steps import InFlight
 
 ME = "t0"
 
@@ -22,43 +23,37 @@ def pushes(rule: str = "sgd") -> OwnPushes:
     return OwnPushes(make_rule(rule, lr=0.5), ME)
 
 
-def push(own: OwnPushes, step: int, rows: dict[int, tuple[np.ndarray, np.ndarray]], block=None, task="task"):
-    """A group of row gradients per shard ({shard: (ids, grads)}) and one dense block's gradient."""
-    for shard, (ids, grads) in rows.items():
-        own.rows("emb", ids, grads.astype(np.float32), shard)
-    change = None if block is None else own.block(("fc", 0), block.astype(np.float32), 1)
+def push(own: OwnPushes, step: int, blocks: dict[int, np.ndarray] | None = None, task="task"):
+    """A push with a gradient for block ("fc", shard) on each shard ({shard: grad}); returns the
+    estimated changes."""
+    changes = {shard: own.block(("fc", shard), grad.astype(np.float32), shard)
+               for shard, grad in (blocks or {}).items()}
     own.pushed(step, task)
-    return change
+    return changes
 
 
-def test_a_pull_gets_the_changes_of_the_own_pushes_its_shards_had_not_published() -> None:
+def test_a_pull_gets_the_dense_changes_of_the_own_pushes_its_shards_had_not_published() -> None:
     own = pushes()
-    ones = np.ones((2, 2))
-    push(own, 0, {0: (np.array([3, 5], dtype=np.uint64), ones)})
-    push(own, 1, {0: (np.array([5], dtype=np.uint64), ones[:1]), 1: (np.array([8], dtype=np.uint64), ones[:1])})
-    ids = np.array([1, 3, 5, 8], dtype=np.uint64)
-    # Shard 0 has published step 0, shard 1 nothing of ours: step 1 is missing from both.
+    ones = np.ones(2)
+    push(own, 0, {0: ones, 1: ones})
+    push(own, 1, {0: ones})
+    # Shard 0 has published step 0, shard 1 nothing of ours.
     applied = {0: {ME: 0, "other": 7}, 1: {}}
-    values = np.zeros((4, 2), dtype=np.float32)
-    own.add_rows("emb", ids, values, applied)
-    assert values.tolist() == [[0, 0], [0, 0], [-0.5, -0.5], [-0.5, -0.5]]  # SGD at lr 0.5
-    # Nothing published yet: both groups are missing, row 5 twice.
-    values = np.zeros((4, 2), dtype=np.float32)
-    own.add_rows("emb", ids, values, {0: {}, 1: {}})
-    assert values[:, 0].tolist() == [0, -0.5, -1.0, -0.5]
-    # Another table is not touched.
-    other = np.zeros((4, 2), dtype=np.float32)
-    own.add_rows("wide", ids, other, {0: {}, 1: {}})
-    assert not other.any()
+    out = own.add_blocks({("fc", 0): np.zeros(2, np.float32)}, applied)
+    assert out[("fc", 0)].tolist() == [-0.5, -0.5]  # step 1 only: SGD at lr 0.5
+    assert out[("fc", 1)].tolist() == [-0.5, -0.5]  # never published, never pulled: from zero
+    # Nothing published: both pushes are missing from block 0.
+    assert own.add_blocks({}, {0: {}, 1: {}})[("fc", 0)].tolist() == [-1.0, -1.0]
 
 
-def test_groups_every_shard_published_are_dropped_and_a_restart_goes_on_after_them() -> None:
+def test_pushes_every_shard_published_are_dropped_and_a_restart_goes_on_after_them() -> None:
     own = pushes()
     for step in range(3):
-        push(own, step, {0: (np.array([1], dtype=np.uint64), np.ones((1, 2)))})
+        push(own, step)  # a push without dense blocks is still a push in flight
+    assert own.pending == 3
     own.published({0: {ME: 1}, 1: {ME: 2}})
     assert own.pending == 1
-    own.published({0: {ME: 0}})  # an older read never brings a published group back
+    own.published({0: {ME: 0}})  # an older read never brings a published push back
     assert own.pending == 1
     own.published({0: {ME: 2}})
     assert own.pending == 0
@@ -69,8 +64,8 @@ def test_dense_estimates_carry_the_rules_state_from_push_to_push() -> None:
     """Adam's first step is lr in the gradient's direction; the second, with a smaller
     gradient, is smaller: the moments are this trainer's own."""
     own = pushes("adam")
-    first = push(own, 0, {}, block=np.array([1.0, -2.0]))
-    second = push(own, 1, {}, block=np.array([0.1, -0.2]))
+    first = push(own, 0, {1: np.array([1.0, -2.0])})[1]
+    second = push(own, 1, {1: np.array([0.1, -0.2])})[1]
     assert np.allclose(first, [-0.5, 0.5], atol=1e-6)
     assert 0 < abs(second[0]) < 0.5 and np.sign(second).tolist() == [-1, 1]
     torch_param = torch.zeros(2, requires_grad=True)
@@ -80,20 +75,19 @@ def test_dense_estimates_carry_the_rules_state_from_push_to_push() -> None:
         torch_param.grad = torch.tensor(g)
         opt.step()
     assert np.allclose(second, (torch_param.detach() - before).numpy(), atol=1e-6)
-    pulled = {("fc", 0): np.array([1.0, 1.0], dtype=np.float32)}
+    pulled = {("fc", 1): np.array([1.0, 1.0], dtype=np.float32)}
     out = own.add_blocks(pulled, {1: {ME: 0}})
-    assert np.allclose(out[("fc", 0)], 1.0 + second) and np.array_equal(pulled[("fc", 0)], [1.0, 1.0])
-    assert np.allclose(own.add_blocks({}, {1: {}})[("fc", 0)], first + second)  # never trained: from zero
+    assert np.allclose(out[("fc", 1)], 1.0 + second) and np.array_equal(pulled[("fc", 1)], [1.0, 1.0])
+    assert np.allclose(own.add_blocks({}, {1: {}})[("fc", 1)], first + second)  # never trained: from zero
 
 
 def test_a_forgotten_task_adds_nothing() -> None:
     own = pushes()
-    push(own, 0, {0: (np.array([1], dtype=np.uint64), np.ones((1, 2)))}, task="lost")
-    push(own, 1, {0: (np.array([1], dtype=np.uint64), np.ones((1, 2)))}, task="kept")
+    push(own, 0, {0: np.ones(2)}, task="lost")
+    push(own, 1, {0: np.ones(2)}, task="kept")
     own.forget("lost")
-    values = np.zeros((1, 2), dtype=np.float32)
-    own.add_rows("emb", np.array([1], dtype=np.uint64), values, {0: {}})
-    assert values.tolist() == [[-0.5, -0.5]]
+    assert own.add_blocks({}, {0: {}})[("fc", 0)].tolist() == [-0.5, -0.5]
+    assert own.pending == 1
 
 
 # -------------------------------------------------------------------------- the committer
@@ -171,3 +165,40 @@ def test_a_failed_transaction_fails_the_task_whose_groups_it_carried() -> None:
     c.close()
     assert ("complete", "b") not in tasks.calls and ("fail", "b") in tasks.calls
     assert [e.ending for e in ended] == ["failed"]
+
+
+def test_in_flight_waits_until_at_most_the_limit_of_own_pushes_is_unpublished() -> None:
+    own = pushes()
+    for step in range(4):
+        push(own, step, {0: np.ones(2)})
+    assert (own.in_flight(3), own.in_flight(1)) == (4, 2)
+    # The shards publish one more of our steps at each poll.
+    published = iter(range(4))
+    reads = []
+
+    def read_applied():
+        step = next(published)
+        reads.append(step)
+        return {0: {ME: step, "other": 99}, 1: {ME: step}}
+
+    window = InFlight(1, read_applied, ME, max_wait_s=5.0)
+    window.wait(own, 3)
+    assert reads == [0, 1, 2] and own.in_flight(3) == 1  # step 3 may stay in flight
+    window = InFlight(0, lambda: {0: {ME: 3}, 1: {ME: 3}}, ME, max_wait_s=5.0)
+    window.wait(own, 3)
+    assert own.in_flight(3) == 0
+
+
+def test_in_flight_stops_waiting_when_the_commit_failed_or_the_cap_passes() -> None:
+    own = pushes()
+    push(own, 0)
+    push(own, 1)
+    never = InFlight(1, lambda: {0: {}, 1: {}}, ME, max_wait_s=0.05)
+    never.wait(own, 1)  # returns after the cap, with a warning
+    assert never.waited_s >= 0.05 and own.in_flight(1) == 2
+
+    def failed():
+        raise DeliveryError("commit failed")
+
+    with pytest.raises(DeliveryError):
+        InFlight(1, lambda: {0: {}, 1: {}}, ME, max_wait_s=5.0).wait(own, 1, failed)

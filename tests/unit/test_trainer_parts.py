@@ -18,7 +18,7 @@ from trainer.decoders import ChunkDecoder, DecodeError, make_decoder
 from trainer.features import Batch, Columns, Featurizer, MiniBatches, pool
 from trainer.metrics import auc
 from trainer.models import DeepFM, LogisticRegression, ModelSpec, WideDeep
-from trainer.params import DenseLayout, GradientBuffer
+from trainer.params import DenseLayout, GradientBuffer, RowLayout
 
 
 def config(**input_section) -> JobConfig:
@@ -276,3 +276,19 @@ def test_dense_blocks_load_as_the_initial_value_plus_what_the_shards_trained() -
     assert torch.equal(model.deep[0].bias, initial["deep.0.bias"])  # not pulled: its initial value
     layout.load({})
     assert all(torch.equal(p, initial[name]) for name, p in model.named_parameters())
+
+
+def test_a_models_tables_are_stored_as_one_row_per_id_and_split_back() -> None:
+    layout = RowLayout.of({"wide": 1, "deep": 3})
+    assert (layout.name, layout.width, layout.columns) == ("deep+wide", 4, (("deep", 0, 3), ("wide", 3, 1)))
+    assert RowLayout.of({"lr": 1}).name == "lr"  # one table keeps its name (and its keys in Redis)
+    assert RowLayout.of({}).width == 0
+    long = RowLayout.of({"t" * 200: 1, "u" * 200: 2})
+    assert long.name.startswith("rows-") and long.width == 3
+    rows = torch.arange(8.0).reshape(2, 4)
+    parts = layout.split(rows)
+    assert parts["deep"].tolist() == [[0, 1, 2], [4, 5, 6]] and parts["wide"].tolist() == [[3], [7]]
+    # Pooling then splitting is splitting then pooling: sum pooling is per column.
+    inverse, bags = torch.tensor([0, 1, 1]), torch.tensor([0, 1, 3])
+    whole = layout.split(pool(rows, inverse, bags, 2, 2))
+    assert torch.equal(whole["wide"], pool(rows[:, 3:], inverse, bags, 2, 2))
