@@ -2,7 +2,7 @@
 
     python -m bench.e2e [--records 1000000] [--holdout 100000] [--model widedeep]
                         [--trainers 1 2] [--formats csv json] [--set train.commit_every=1 ...]
-                        [--out report.json]
+                        [--freshness-rate 5000] [--freshness-s 20] [--out report.json]
 
 The workload looks like production CTR data (`ClickModelConfig.production()`: 8 fields with
 Zipf ids and vocabularies from 10^3 to 10^6, 4 dense features, an ad x site interaction,
@@ -21,7 +21,9 @@ score both models.
 Reported per run: examples/s in steady state (10%-90% of the records applied, from the shards'
 stats) and including start-up, the ratio to the bare loop, holdout AUC and its gap to the bare
 loop's, mean predicted p against the observed CTR, CPU microseconds per record of each process
-kind over the whole run and in the steady state, and peak RSS. Prints a table, then the JSON report (also to `--out`).
+kind over the whole run and in the steady state, and peak RSS. Then **freshness**: event ->
+visible in Redis, p50 and p99, on a live stream paced at `--freshness-rate` records/s
+(`freshness`). Prints a table, then the JSON report (also to `--out`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,17 +42,21 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from confluent_kafka import Producer
 from torch import nn
 
 from infra import Endpoints, LocalServices, Ports
-from infra.clients import redis_client
+from infra.clients import TopicSpec, ensure_topics, redis_client
 from master.config import JobConfig
 from master.etcd import Etcd
 from producers.clickmodel import ClickModel, ClickModelConfig, ImpressionColumns, auc
 from bench.trainer_throughput import cpu_seconds, write_topic
 from pserver.sharding import SlotMap
 from schemas import EtcdKeys, Example, RedisKeys
+from trainer.features import Featurizer
+from trainer.params import RowLayout
 from trainer.scoring import Scorer
+from trainer.worker import build_model, model_spec
 
 MODELS = {"lr": "trainer.models:LogisticRegression", "widedeep": "trainer.models:WideDeep",
           "deepfm": "trainer.models:DeepFM"}
@@ -261,9 +268,7 @@ def job_run(endpoints: Endpoints, services: dict[str, int], work: Workload, fmt:
     records = len(work.train.clicked)
     redis_conn, etcd = redis_client(endpoints), Etcd.connect(endpoints)
     began = time.monotonic()
-    procs = {"master": [start("master", "--job", str(job_file))],
-             "shard": [start("pserver", "--job", name, "--index", str(i)) for i in range(2)],
-             "trainer": [start("trainer", "--job", name, "--id", f"t{i}") for i in range(trainers)]}
+    procs = start_job(start, job_file, name, trainers)
     # `services`: the services' pids by name, for their CPU; empty when they are not ours to watch.
     usage = Usage({kind: [services[name]] for kind, name in (("broker", "kafka"), ("redis", "redis"), ("etcd", "etcd"))
                    if name in services} | {kind: [p.pid for p in ps] for kind, ps in procs.items()})
@@ -285,13 +290,7 @@ def job_run(endpoints: Endpoints, services: dict[str, int], work: Workload, fmt:
         slot_map = SlotMap.from_json(etcd.get(EtcdKeys(name).slots).value)
         scores = Scorer(config, redis_conn, slot_map).score(examples(work.model, work.holdout))
     finally:
-        for p in (p for ps in procs.values() for p in ps):
-            p.terminate()
-        for p in (p for ps in procs.values() for p in ps):
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_job(procs)
         log.close()
         redis_conn.close()
         etcd.close()
@@ -301,6 +300,137 @@ def job_run(endpoints: Endpoints, services: dict[str, int], work: Workload, fmt:
             "wall_s": round(wall, 1), "cpu_us_per_record": cpu,
             "steady_cpu_us_per_record": steady_cpu(progress, used, records), "peak_rss_mib": rss,
             **quality(work, scores)}
+
+
+def start_job(start, job_file: Path, name: str, trainers: int) -> dict[str, list[subprocess.Popen]]:
+    return {"master": [start("master", "--job", str(job_file))],
+            "shard": [start("pserver", "--job", name, "--index", str(i)) for i in range(2)],
+            "trainer": [start("trainer", "--job", name, "--id", f"t{i}") for i in range(trainers)]}
+
+
+def stop_job(procs: dict[str, list[subprocess.Popen]]) -> None:
+    for p in (p for ps in procs.values() for p in ps):
+        p.terminate()
+    for p in (p for ps in procs.values() for p in ps):
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+# -------------------------------------------------------------------------- freshness
+PROBE_EVERY = 50  # one probe record in so many
+
+
+def freshness(endpoints: Endpoints, work: Workload, trainers: int, model: str, home: Path, rate: int,
+              seconds: float) -> dict:
+    """Event -> visible in Redis on a live stream paced at `rate` records/s, from outside.
+
+    A job follows an empty topic (`input.passes = 0`, `[train]` and `[tasks]` at their
+    defaults); the log's records are written to it at `rate` for `seconds`. Every
+    PROBE_EVERY-th record is a probe: its first field holds an id no other record hashes to, and
+    its event time is when it is written. A probe is visible once the row of that id is in
+    Redis, which happens when a shard publishes the push of the mini-batch that trained it:
+    the whole path (task cut at the head of the stream, claim, read, train, commit, apply,
+    publish). A poller reads the probes' rows every 2 ms."""
+    name = f"e2e-fresh-{trainers}t-{time.time_ns() % 10**9}"
+    topic = f"{name}-log"
+    ensure_topics(endpoints, [TopicSpec(topic, 2)])
+    job_file = home / f"{name}.toml"
+    job_file.write_text(job_toml(name, topic, "csv", work, model, home / "ckpt" / name, {"input": {"passes": "0"}}))
+    config = JobConfig.from_toml(job_file.read_text())
+    count = int(rate * seconds)
+    lines = work.csv_lines()[:count]
+    spec = model_spec(config)
+    featurizer = Featurizer(spec.fields, spec.dense_features, config.model.hash_buckets)
+    head = ImpressionColumns(*(value[:count] if isinstance(value, np.ndarray) else
+                               {f: ids[:count] for f, ids in value.items()}
+                               for value in vars(work.train).values()))
+    taken = set(featurizer.batch(examples(work.model, head)).ids.tolist())
+    table = RowLayout.of(build_model(config).tables).name
+    keys = RedisKeys(name)
+    probes: dict[int, tuple[str, bytes]] = {}  # record index -> (row key, line)
+    candidate = 1 << 40
+    for i in range(0, count, PROBE_EVERY):
+        while True:
+            candidate += 1
+            row = int(featurizer.batch([Example({f: (candidate if j == 0 else 0,) for j, f in enumerate(spec.fields)},
+                                                (0.0,) * spec.dense_features, 0.0, 0)]).ids[0])
+            if row not in taken:
+                taken.add(row)
+                break
+        cells = lines[i].decode().split(",")
+        cells[0] = str(candidate)
+        probes[i] = (keys.row(table, row), cells)
+
+    env = dict(os.environ, STREAMTRAIN_KAFKA=endpoints.kafka, STREAMTRAIN_ETCD=endpoints.etcd,
+               STREAMTRAIN_REDIS=endpoints.redis)
+    log = open(home / f"{name}.log", "ab")
+
+    def start(*args: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "streamtrain", *args], env=env, stdout=log,
+                                stderr=subprocess.STDOUT)
+
+    redis_conn, etcd = redis_client(endpoints), Etcd.connect(endpoints)
+    procs = start_job(start, job_file, name, trainers)
+    written: list[tuple[str, float]] = []  # (row key, when its probe was written: its event time)
+    seen: dict[str, float] = {}
+    done = threading.Event()
+
+    def poll() -> None:
+        """Until every probe is visible, or 10 s after the last was written."""
+        while True:
+            pending = [key for key, _ in written[:] if key not in seen]
+            now = time.time()
+            if pending:
+                for key, value in zip(pending, redis_conn.mget(pending)):
+                    if value is not None:
+                        seen[key] = now
+            elif done.is_set():
+                return
+            if done.is_set() and now > written[-1][1] + 10:
+                return
+            time.sleep(0.002)
+
+    try:
+        deadline = time.monotonic() + 120
+        while not (all(redis_conn.exists(keys.version(s)) for s in range(2))
+                   and len(etcd.range(EtcdKeys(name).trainers_prefix, keys_only=True)) == trainers):
+            if time.monotonic() > deadline or any(p.poll() is not None for ps in procs.values() for p in ps):
+                raise RuntimeError(f"{name}: the job did not start; see {home / (name + '.log')}")
+            time.sleep(0.2)
+        time.sleep(2.0)  # the trainers' loaders and first claims
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        producer = Producer({"bootstrap.servers": endpoints.kafka, "linger.ms": 5, "enable.idempotence": True})
+        began = time.monotonic()
+        for i, line in enumerate(lines):
+            wait = began + i / rate - time.monotonic()  # record i goes out at began + i / rate
+            if wait > 0:
+                time.sleep(wait)
+            probe = probes.get(i)
+            if probe is not None:
+                key, cells = probe
+                at = time.time()
+                cells[-1] = str(int(at * 1000))
+                line = ",".join(cells).encode()
+                written.append((key, at))
+            producer.produce(topic, line, partition=i % 2)
+            producer.poll(0)
+        producer.flush(30)
+        done.set()
+        poller.join(60)
+    finally:
+        done.set()
+        stop_job(procs)
+        log.close()
+        redis_conn.close()
+        etcd.close()
+    delays = np.array([seen[k] - t for k, t in written if k in seen])
+    pct = (lambda q: round(float(np.percentile(delays, q)), 3)) if len(delays) else (lambda q: None)
+    return {"run": f"freshness, {trainers} trainers", "rate": rate, "seconds": seconds, "probes": len(written),
+            "visible": len(delays), "p50_s": pct(50), "p99_s": pct(99),
+            "max_s": round(float(delays.max()), 3) if len(delays) else None}
 
 
 def steady_rate(progress: list[tuple[float, int]], records: int) -> int:
@@ -360,6 +490,8 @@ def main() -> None:
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="a job-file setting for every job run (TOML value), e.g. train.commit_every=1")
     parser.add_argument("--timeout-s", type=float, default=900, help="per job run")
+    parser.add_argument("--freshness-rate", type=int, default=5000, help="records/s of the live freshness run")
+    parser.add_argument("--freshness-s", type=float, default=20, help="its length; 0: no freshness run")
     parser.add_argument("--out", type=Path, help="also write the JSON report here")
     args = parser.parse_args()
     overrides = parse_sets(args.sets)
@@ -368,6 +500,7 @@ def main() -> None:
     bare = bare_loop(work, args.model)
     print(f"bare loop: {bare['examples_per_s']} ex/s, AUC {bare['holdout_auc']}", file=sys.stderr)
     runs: list[dict] = []
+    fresh: dict | None = None
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         local = LocalServices(home / "services", Ports.free())
@@ -385,14 +518,20 @@ def main() -> None:
                     run["auc_gap"] = round(run["holdout_auc"] - bare["holdout_auc"], 4)
                     runs.append(run)
                     print(f"{run['run']}: {run['examples_per_s']} ex/s, AUC {run['holdout_auc']}", file=sys.stderr)
+            if args.freshness_s > 0:
+                fresh = freshness(endpoints, work, max(args.trainers), MODELS[args.model], home, args.freshness_rate,
+                                  args.freshness_s)
         finally:
             local.down()
     report = {"workload": {"records": args.records, "holdout": args.holdout, "model": MODELS[args.model],
                            "fields": len(work.model.fields), "dense_features": work.model.dense_features,
                            "embedding_dim": EMBEDDING_DIM, "hash_buckets": HASH_BUCKETS, "batch_size": BATCH,
                            "optimizer": "adam", "learning_rate": LEARNING_RATE, "shards": 2, "settings": overrides},
-              "bare": bare, "runs": runs, "elapsed_s": round(time.monotonic() - started)}
+              "bare": bare, "runs": runs, "freshness": fresh, "elapsed_s": round(time.monotonic() - started)}
     print(table(runs, bare))
+    if fresh is not None:
+        print(f"event -> visible in Redis, {fresh['run']} at {fresh['rate']} records/s: p50 {fresh['p50_s']} s, "
+              f"p99 {fresh['p99_s']} s, max {fresh['max_s']} s ({fresh['visible']} of {fresh['probes']} probes)")
     print(json.dumps(report, indent=2))
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")

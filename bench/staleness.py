@@ -2,14 +2,19 @@
 parameters, each computing its gradient on those parameters minus the updates it cannot see yet.
 
     python -m bench.staleness [--records 400000] [--trainers 2] [--commit-every 16] [--lag 2]
-                              [--own-visible] [--init model|small] [--sync]
+                              [--own-visible | --own-lag K [--own-rows hidden|lr|table]]
+                              [--init model|small] [--sync]
 
 No services: one process, the production workload of `bench.e2e` (8 fields, Zipf ids, an
 interaction, drift), a WideDeep-shaped model (sparse tables under SparseAdam, an MLP under
 Adam, lr 0.01, batch 512). Trainer k takes global steps k, k + T, k + 2T, ... An update
 becomes visible to the other trainers `lag` global steps after the commit that carries it, and a
 trainer commits every `--commit-every` of its own steps (16 is one task of 8,192 records).
-With `--own-visible` a trainer always sees its own updates (read-your-writes); with `--sync`
+With `--own-visible` a trainer always sees its own updates exactly; with `--own-lag K` its own
+updates become visible K global steps after their commit, and until then it sees them as
+trainer/own.py estimates them: the dense change from Adam with this trainer's own moments, and
+for rows (`--own-rows`) nothing (`hidden`, what the trainer does), or a fresh-state Adam step
+at t = 1 (`lr`: lr a coordinate) or at the table's step (`table`: about 3 lr). With `--sync`
 every update is seen at once (the sequential loop, the ceiling). `--init small` starts the
 dense layers at uniform +-0.01 instead of PyTorch's own initialisation. Prints JSON: the
 holdout AUC, the mean prediction and the observed CTR.
@@ -46,12 +51,16 @@ class Update:
     first: torch.Tensor  # their change in the width-1 table
     second: torch.Tensor  # ... and in the embedding table
     dense: list[torch.Tensor]  # the change of each dense parameter
+    estimate: tuple[torch.Tensor | None, torch.Tensor | None, list[torch.Tensor]]  # as its trainer sees it
 
 
 class Visibility:
-    def __init__(self, trainers: int, commit_every: int, lag: int, own_visible: bool, sync: bool) -> None:
+    def __init__(self, trainers: int, commit_every: int, lag: int, own_visible: bool, sync: bool,
+                 own_lag: int | None = None) -> None:
         self.trainers, self.commit_every, self.lag = trainers, commit_every, lag
         self.own_visible, self.sync = own_visible, sync
+        self.own_lag = lag if own_lag is None else own_lag
+        self.estimated = own_lag is not None  # own updates not yet visible are seen as estimated
 
     def seen(self, update: Update, trainer: int, step: int) -> bool:
         """Whether `trainer`, computing at global `step`, sees `update`."""
@@ -59,7 +68,30 @@ class Visibility:
             return True
         own = update.step // self.trainers  # the owner's own step number
         committed_at = (own // self.commit_every + 1) * self.commit_every * self.trainers + update.trainer
-        return step >= committed_at + self.lag
+        return step >= committed_at + (self.own_lag if update.trainer == trainer else self.lag)
+
+
+def fresh_adam(grad: torch.Tensor, t: int) -> torch.Tensor:
+    """Adam's step from a zero state at step t (lr per coordinate at t = 1, about 3 lr late on)."""
+    return -LR / (1 - 0.9 ** t) * 0.1 * grad / ((0.001 * grad * grad).sqrt() / (1 - 0.999 ** t) ** 0.5 + 1e-8)
+
+
+class DenseEstimate:
+    """One trainer's estimate of its dense updates: Adam on its own gradients only."""
+
+    def __init__(self, params) -> None:
+        self.m = [torch.zeros_like(p) for p in params]
+        self.v = [torch.zeros_like(p) for p in params]
+        self.t = 0
+
+    def step(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        self.t += 1
+        out = []
+        for g, m, v in zip(grads, self.m, self.v):
+            m.mul_(0.9).add_(g, alpha=0.1)
+            v.mul_(0.999).addcmul_(g, g, value=0.001)
+            out.append(-LR / (1 - 0.9 ** self.t) * m / ((v / (1 - 0.999 ** self.t)).sqrt() + 1e-8))
+        return out
 
 
 def hashed(model: ClickModel, columns) -> np.ndarray:
@@ -70,7 +102,7 @@ def mlp(width: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(width, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 1))
 
 
-def simulate(records: int, holdout: int, visibility: Visibility, init: str) -> dict:
+def simulate(records: int, holdout: int, visibility: Visibility, init: str, own_rows: str = "hidden") -> dict:
     torch.set_num_threads(1)
     model = ClickModel(ClickModelConfig.production())
     train, test = model.columns(records), model.columns(holdout, start=records)
@@ -89,6 +121,7 @@ def simulate(records: int, holdout: int, visibility: Visibility, init: str) -> d
     idx_all, x_all = hashed(model, train), torch.from_numpy(train.dense)
     y_all = torch.from_numpy(train.clicked.astype(np.float32))
     pending: list[Update] = []  # updates some trainer cannot see yet
+    estimates = [DenseEstimate(list(dense.parameters())) for _ in range(visibility.trainers)]
     for step in range((records + BATCH - 1) // BATCH):
         trainer = step % visibility.trainers
         batch = slice(step * BATCH, (step + 1) * BATCH)
@@ -104,10 +137,14 @@ def simulate(records: int, holdout: int, visibility: Visibility, init: str) -> d
                 at = np.minimum(np.searchsorted(u.rows, rows), len(u.rows) - 1)
                 hit = torch.from_numpy(u.rows[at] == rows)
                 at_t = torch.from_numpy(at)[hit]
-                r1[hit] -= u.first[at_t]
-                r2[hit] -= u.second[at_t]
-                for mine, change in zip(view.parameters(), u.dense):
-                    mine -= change
+                # What the trainer sees of an update it does not see yet: nothing, or, for its
+                # own, its estimate.
+                mine_estimated = u.trainer == trainer and visibility.estimated
+                est_first, est_second, est_dense = u.estimate if mine_estimated else (None, None, None)
+                r1[hit] -= u.first[at_t] - (0 if est_first is None else est_first[at_t])
+                r2[hit] -= u.second[at_t] - (0 if est_second is None else est_second[at_t])
+                for i, (mine, change) in enumerate(zip(view.parameters(), u.dense)):
+                    mine -= change if est_dense is None else change - est_dense[i]
         r1.requires_grad_(True)
         r2.requires_grad_(True)
         inv = torch.from_numpy(inverse.reshape(-1, fields).astype(np.int64))
@@ -122,8 +159,11 @@ def simulate(records: int, holdout: int, visibility: Visibility, init: str) -> d
         dense_opt.step()
         sparse_opt.step()
         with torch.no_grad():
+            t = {"hidden": None, "lr": 1, "table": step + 1}[own_rows]
+            estimate = (None if t is None else fresh_adam(r1.grad, t), None if t is None else fresh_adam(r2.grad, t),
+                        estimates[trainer].step([mine.grad for mine in view.parameters()]))
             pending.append(Update(step, trainer, rows, first.data[rows_t] - before[0], second.data[rows_t] - before[1],
-                                  [p.detach() - b for p, b in zip(dense.parameters(), before[2])]))
+                                  [p.detach() - b for p, b in zip(dense.parameters(), before[2])], estimate))
     with torch.no_grad():
         idx = torch.from_numpy(hashed(model, test))
         x = torch.cat([second[idx].flatten(1), torch.from_numpy(test.dense)], 1)
@@ -141,10 +181,14 @@ def main() -> None:
     parser.add_argument("--lag", type=int, default=2, help="global steps from a commit to its visibility")
     parser.add_argument("--own-visible", action="store_true", help="a trainer sees its own updates at once")
     parser.add_argument("--sync", action="store_true", help="every update seen at once (the ceiling)")
+    parser.add_argument("--own-lag", type=int, help="global steps from a commit to its visibility to its own "
+                        "trainer, which sees its estimate until then (default: --lag)")
+    parser.add_argument("--own-rows", choices=["hidden", "lr", "table"], default="hidden",
+                        help="the estimate of its own rows a trainer adds until they are visible")
     parser.add_argument("--init", choices=["model", "small"], default="model")
     args = parser.parse_args()
-    visibility = Visibility(args.trainers, args.commit_every, args.lag, args.own_visible, args.sync)
-    result = simulate(args.records, args.holdout, visibility, args.init)
+    visibility = Visibility(args.trainers, args.commit_every, args.lag, args.own_visible, args.sync, args.own_lag)
+    result = simulate(args.records, args.holdout, visibility, args.init, args.own_rows)
     print(json.dumps({"settings": vars(args), **result}))
 
 

@@ -1,15 +1,18 @@
 """A job at its defaults against the bare PyTorch loop a user would write, on production-like
 CTR data: the test of record for asynchronous training quality (issue 13).
 
-The production workload of `bench.e2e` at 100,000 records (8 fields, Zipf ids, vocabularies
+The production workload of `bench.e2e` at 200,000 records (8 fields, Zipf ids, vocabularies
 up to 10^6, an interaction, drift), WideDeep under Adam at 0.01, batch 512: a master, two
-shards and two trainers as their own processes, `[train]` and `[tasks]` at their defaults.
-Before trainers saw their own pushes and the shards published at once, this diverged: AUC
-0.50 against the bare loop's 0.72, every prediction near 1 (at 200,000 records: AUC 0.066
-below, mean prediction 38% under the observed CTR). Now: 0.025 below and 17% over at 100,000
-records, 0.009-0.015 below at 1,000,000 (bench/RESULTS.md). The bounds here catch that
-collapse with room for this small run's noise; issue 13's targets (a gap of 0.01 here, 0.005
-at 1M) are not met yet.
+shards and two trainers as their own processes, `[train]` and `[tasks]` at their defaults,
+against the bare loop on the same records. The bounds are issue 13's: an AUC gap of at most
+0.01 and a mean prediction within 20% of the observed CTR. Measured: gaps 0.005-0.007 and mean
+predictions within 6% in three runs (at 100,000 records the gap was smaller, but the mean
+prediction, from fewer steps after the drift, once 16% under).
+
+What they have caught: before trainers saw their own pushes and the shards published at once,
+this diverged at 100,000 records (AUC 0.50 against the bare loop's 0.72, every prediction
+near 1); with those but no bound on a trainer's pushes in flight and Adam bias-corrected per
+row on the shards, 0.025 below and 17% over.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def workload() -> Workload:
-    return Workload.make(100_000, 20_000)
+    return Workload.make(200_000, 20_000)
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +46,9 @@ def two_trainers_at_the_defaults(services, workload, tmp_path_factory) -> tuple[
 def test_two_async_trainers_at_the_defaults_rank_as_well_as_the_bare_loop(two_trainers_at_the_defaults) -> None:
     bare, run = two_trainers_at_the_defaults
     assert bare["holdout_auc"] > 0.7
-    assert run["holdout_auc"] > bare["holdout_auc"] - 0.04, (run["holdout_auc"], bare["holdout_auc"])
+    assert run["holdout_auc"] > bare["holdout_auc"] - 0.01, (run["holdout_auc"], bare["holdout_auc"])
 
 
 def test_two_async_trainers_at_the_defaults_predict_the_observed_rate(two_trainers_at_the_defaults) -> None:
     _, run = two_trainers_at_the_defaults
-    assert abs(run["mean_p"] / run["observed_ctr"] - 1) < 0.35, (run["mean_p"], run["observed_ctr"])
+    assert abs(run["mean_p"] / run["observed_ctr"] - 1) < 0.2, (run["mean_p"], run["observed_ctr"])
