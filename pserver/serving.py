@@ -72,34 +72,42 @@ class Publisher:
         return Snapshot(rows, blocks)
 
     def send(self, snapshot: Snapshot, applied: dict[str, int] | None = None) -> int:
-        """Write `applied` (`RedisKeys.applied`) if given, then the snapshot, then bump the
-        version. Returns the new version.
+        """Write the snapshot and `applied` (`RedisKeys.applied`) if given, and bump the
+        version, in one transaction. Returns the new version.
 
-        `applied` goes first: a reader that reads it and the values in one transaction
-        (`ParamClient.send_pull`) may find a step counted as applied whose values are still
-        on their way, and train once without it, but never finds values it counts twice."""
-        chunks: list[bytes] = []
-        replies = 0
-        if applied is not None:
-            chunks.append(self._applied_command(applied))
-            replies += 1
+        One transaction (MULTI/EXEC): a reader that reads `applied` and the values in one
+        transaction (`ParamClient.send_pull`) finds a step counted as applied exactly when its
+        values are there. A pipeline was not enough: Redis read its MSETs in pieces and ran
+        other clients' commands in between, so a trainer that waited for its push to be
+        counted pulled rows without it (one trainer lost 0.013 AUC to its own in-process
+        reference, bench/RESULTS.md)."""
+        chunks: list[bytes] = [resp.command(b"MULTI")]
+        queued = 0
         for table, ids, values in snapshot.rows:
             prefix = self._keys.row(table, 0)[:-1].encode()
             encoded = encode_rows_matrix(values)
             for i in range(0, len(ids), _CHUNK):
                 chunks.append(resp.mset(prefix, ids[i:i + _CHUNK], encoded[i:i + _CHUNK]))
-                replies += 1
+                queued += 1
         conn = self._redis.connection_pool.get_connection()
         try:
             for param, block, values in snapshot.blocks:
                 chunks += conn.pack_command("SET", self._keys.dense(param, block),
                                             ParamBlock(param, block, 0, values).to_bytes())
-                replies += 1
+                queued += 1
+            if applied is not None:
+                chunks.append(self._applied_command(applied))
+                queued += 1
             chunks += conn.pack_command("INCR", self._keys.version(self.shard))
+            chunks.append(resp.command(b"EXEC"))
             conn.send_packed_command(chunks)
-            for _ in range(replies):
+            for _ in range(queued + 2):  # MULTI's OK, then QUEUED for each command and the INCR
                 conn.read_response()
-            return int(conn.read_response())
+            results = conn.read_response()  # EXEC: every command's reply, the INCR's last
+            failed = [r for r in results if isinstance(r, Exception)]
+            if failed:
+                raise failed[0]
+            return int(results[-1])
         except BaseException:
             conn.disconnect()  # a half-read reply stream must not go back to the pool
             raise
