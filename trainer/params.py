@@ -195,9 +195,6 @@ class PendingFetch:
             pull = self._sync._retrying(lambda: self._sync.client.pull(*self._request))
         return Fetched(self._ids, pull.rows, pull.blocks if self._dense else None, pull.applied)
 
-    def cancel(self) -> None:
-        self._pending.cancel()
-
 
 class GradientBuffer:
     """A push group's gradients, summed per row, then split by owning shard."""

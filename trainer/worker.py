@@ -355,10 +355,11 @@ class Trainer:
     def _train_batch(self, batch: Batch) -> None:
         """Train one mini-batch. Its rows and (every `train.pull_every` batches) the dense
         blocks are pulled when it begins, in one Redis transaction, after the wait for this
-        trainer's pushes in flight: it trains on parameters that miss only its own last push
-        (whose dense change it adds, trainer/own.py) and what the others have not published.
-        Rows pulled a batch ahead, while the batch before computed, missed two of its own
-        pushes, and a deep model lost up to 0.012 AUC to that (bench/RESULTS.md)."""
+        trainer's pushes in flight: it trains on parameters that miss at most
+        `train.max_in_flight` of its own pushes (none by default; their dense changes are
+        added, trainer/own.py) and what the others have not published. Not pulled a batch
+        ahead: rows missing one more own push cost a deep model up to 0.012 AUC
+        (bench/RESULTS.md)."""
         metrics = self._metrics
         started = time.perf_counter()
         dense = self._batches % self.config.train.pull_every == 0
