@@ -507,6 +507,8 @@ def main() -> None:
     parser.add_argument("--freshness-s", type=float, default=20, help="its length; 0: no freshness run")
     parser.add_argument("--out", type=Path, help="also write the JSON report here")
     args = parser.parse_args()
+    if args.bare_seeds < 1:
+        raise SystemExit("--bare-seeds: at least 1")
     overrides = parse_sets(args.sets)
     started = time.monotonic()
     work = Workload.make(args.records, args.holdout)

@@ -366,8 +366,10 @@ class TrainSection:
         max_in_flight: async only: how many of its own pushes a trainer may have handed to
             its committer and not yet seen published by every shard when it goes on to the
             next mini-batch; it waits for the shards otherwise, never for other trainers. 0
-            (the default): each mini-batch trains on parameters that include every push of
-            its trainer, exactly, and the others' published ones. Above 0 a trainer runs
+            (the default): with a commit every push (the default), each mini-batch trains on
+            parameters that include every push of its trainer, exactly, and the others'
+            published ones; pushes not yet handed to the committer (``commit_every`` > 1 or
+            0) are not waited for. Above 0 a trainer runs
             ahead of a slow pipeline and adds its pushes' estimated dense changes
             (trainer/own.py); its rows miss them. Unbounded, two trainers were up to 10
             pushes apart and 0.01 AUC behind one process (bench/RESULTS.md). Must be 0 when
@@ -412,7 +414,7 @@ class TrainSection:
         if sgd != "bounded" and staleness != 0:
             reason = f"only applies when train.sgd = 'bounded' (it is {sgd!r}); remove it"
             raise JobConfigError("train.staleness", reason)
-        max_in_flight = _int("train.max_in_flight", self.max_in_flight, 0)
+        max_in_flight = _int("train.max_in_flight", self.max_in_flight, 0, 255)  # OwnPushes keeps 256
         if sgd != "async" and max_in_flight != 0:
             reason = f"only applies when train.sgd = 'async' (it is {sgd!r}, which waits its own way); remove it"
             raise JobConfigError("train.max_in_flight", reason)

@@ -72,23 +72,28 @@ class Publisher:
         return Snapshot(rows, blocks)
 
     def send(self, snapshot: Snapshot, applied: dict[str, int] | None = None) -> int:
-        """Write the snapshot and `applied` (`RedisKeys.applied`) if given, and bump the
-        version, in one transaction. Returns the new version.
+        """Write the snapshot's rows, then, in one transaction, its dense blocks, `applied`
+        (`RedisKeys.applied`) if given and the version bump. Returns the new version.
 
-        One transaction (MULTI/EXEC): a reader that reads `applied` and the values in one
-        transaction (`ParamClient.send_pull`) finds a step counted as applied exactly when its
-        values are there. A pipeline was not enough: Redis read its MSETs in pieces and ran
-        other clients' commands in between, so a trainer that waited for its push to be
-        counted pulled rows without it (one trainer lost 0.013 AUC to its own in-process
-        reference, bench/RESULTS.md)."""
-        chunks: list[bytes] = [resp.command(b"MULTI")]
-        queued = 0
+        A reader that reads `applied` and the values in one transaction
+        (`ParamClient.send_pull`) finds a step counted as applied only once its rows and
+        blocks are there: the rows go first on the same connection, and the blocks, to which
+        trainers add their own unpublished pushes (trainer/own.py), change with `applied` at
+        one instant. With everything in one pipeline and `applied` first, Redis ran other
+        clients' commands between the round's commands, and a trainer that saw its push
+        counted pulled rows without it (one trainer lost 0.013 AUC to its in-process
+        reference, bench/RESULTS.md). The rows stay outside the transaction so that a round
+        of a whole shard (a republish) is not one command that blocks Redis."""
+        chunks: list[bytes] = []
+        rows = 0
         for table, ids, values in snapshot.rows:
             prefix = self._keys.row(table, 0)[:-1].encode()
             encoded = encode_rows_matrix(values)
             for i in range(0, len(ids), _CHUNK):
                 chunks.append(resp.mset(prefix, ids[i:i + _CHUNK], encoded[i:i + _CHUNK]))
-                queued += 1
+                rows += 1
+        chunks.append(resp.command(b"MULTI"))
+        queued = 1  # the INCR
         conn = self._redis.connection_pool.get_connection()
         try:
             for param, block, values in snapshot.blocks:
@@ -101,9 +106,10 @@ class Publisher:
             chunks += conn.pack_command("INCR", self._keys.version(self.shard))
             chunks.append(resp.command(b"EXEC"))
             conn.send_packed_command(chunks)
-            for _ in range(queued + 2):  # MULTI's OK, then QUEUED for each command and the INCR
+            # The MSETs' replies, MULTI's OK and a QUEUED per command, then EXEC's replies.
+            for _ in range(rows + 1 + queued):
                 conn.read_response()
-            results = conn.read_response()  # EXEC: every command's reply, the INCR's last
+            results = conn.read_response()
             failed = [r for r in results if isinstance(r, Exception)]
             if failed:
                 raise failed[0]

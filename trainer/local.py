@@ -21,7 +21,7 @@ from pserver.rows import initial_rows
 from schemas import Example
 from trainer.decoders import ChunkDecoder
 from trainer.features import Batch, Featurizer, MiniBatches, pool
-from trainer.params import INIT_SCALE, DenseLayout
+from trainer.params import INIT_SCALE, DenseLayout, RowLayout
 from trainer.worker import build_model, model_spec, use_torch_threads
 
 _OPTIMIZERS = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
@@ -36,11 +36,12 @@ class LocalTrainer:
         self.decoder = ChunkDecoder(config.input, spec.fields, spec.dense_features)
         self.model = build_model(config)
         DenseLayout(self.model).load({})
-        buckets = config.model.hash_buckets
-        self.tables = nn.ParameterDict({
-            name: nn.Parameter(torch.from_numpy(
-                initial_rows(name, np.arange(buckets, dtype=np.uint64), dim, INIT_SCALE)))
-            for name, dim in self.model.tables.items()})
+        # The model's tables as the shards store them (one row per id, RowLayout), from the
+        # same deterministic initial values.
+        self.rows = RowLayout.of(self.model.tables)
+        self.tables = nn.ParameterList([nn.Parameter(torch.from_numpy(initial_rows(
+            self.rows.name, np.arange(config.model.hash_buckets, dtype=np.uint64), self.rows.width, INIT_SCALE)))]
+            if self.rows.width else [])
         rule = _OPTIMIZERS.get(config.pservers.optimizer)
         if rule is None:
             raise ValueError(f"no torch.optim reference for optimizer {config.pservers.optimizer!r}")
@@ -58,8 +59,8 @@ class LocalTrainer:
         every = torch.arange(len(ids))
         # Sparse gradients: the optimizer touches only the rows of the batch, as a shard does
         # (a dense gradient would update all hash_buckets rows every step).
-        pooled = {name: pool(F.embedding(ids, table, sparse=True), every, bags, batch.size, batch.fields)
-                  for name, table in self.tables.items()}
+        rows = F.embedding(ids, self.tables[0], sparse=True) if self.rows.width else torch.zeros(len(ids), 0)
+        pooled = self.rows.split(pool(rows, every, bags, batch.size, batch.fields))
         return self.model(pooled, torch.from_numpy(batch.dense)), torch.from_numpy(batch.labels)
 
     def train(self, examples: Sequence[Example]) -> None:

@@ -43,13 +43,15 @@ class OwnPushes:
     """This trainer's pushes the shards have not published, with their dense blocks' estimated
     changes."""
 
-    def __init__(self, rule: UpdateRule, trainer_id: str, limit: int = 256) -> None:
+    def __init__(self, rule: UpdateRule, trainer_id: str, shards: int, limit: int = 256) -> None:
         self.rule = rule
         self.trainer_id = trainer_id
         self.limit = limit  # pushes kept at most: shards that stop publishing must not grow it
         self._pushes: list[_Push] = []
         self._building: dict[Block, tuple[np.ndarray, int]] = {}
-        self._published: dict[int, int] = {}  # shard -> newest own step its values include
+        # shard -> newest own step its values include; every shard, so that a pull that read
+        # only some of them never counts a push as published by the others
+        self._published: dict[int, int] = {shard: -1 for shard in range(shards)}
         self._dense_state: dict[Block, tuple[dict[str, np.ndarray], np.ndarray]] = {}
 
     # -- a push ----------------------------------------------------------------------------
@@ -86,7 +88,7 @@ class OwnPushes:
         for shard, steps in applied.items():
             self._published[shard] = max(self._published.get(shard, -1), steps.get(self.trainer_id, -1))
         if self._pushes:
-            done = min(self._published.values(), default=-1)
+            done = min(self._published.values())
             self._pushes = [p for p in self._pushes if p.step > done]
 
     def first_step(self, applied: dict[int, dict[str, int]]) -> int:

@@ -99,15 +99,19 @@ class InFlight:
         self.trainer_id = trainer_id
         self.max_wait_s = max_wait_s
         self.waited_s = 0.0  # the last wait
+        self._given_up = -1  # pushes up to this step timed out once: not waited for again
 
     def wait(self, own: OwnPushes, through: int, check: Callable[[], None] = lambda: None) -> None:
         """Wait until at most `limit` of `own`'s pushes up to step `through` are unpublished.
-        `check` runs between polls and raises if they can no longer land (a failed commit)."""
+        `check` runs between polls and raises if they can no longer land (a failed commit).
+        After `max_wait_s` it goes on and never waits for those pushes again: a shard that is
+        down slows each push by one wait, not by one wait per push."""
         began = time.monotonic()
-        while own.in_flight(through) > self.limit:
+        while own.in_flight(through) - own.in_flight(self._given_up) > self.limit:
             if time.monotonic() - began > self.max_wait_s:
                 log.warning("trainer %s: %d pushes still unpublished after %.0f s; going on", self.trainer_id,
                             own.in_flight(through), self.max_wait_s)
+                self._given_up = through
                 break
             check()
             time.sleep(0.001)

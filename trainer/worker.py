@@ -177,7 +177,7 @@ class Trainer:
         # Read-your-writes (trainer/own.py): the dense changes of the pushes the shards have not
         # published yet are added to every pull, estimated with the job's own update rule.
         self.own = OwnPushes(make_rule(config.pservers.optimizer, lr=config.train.learning_rate),
-                             self.trainer_id)
+                             self.trainer_id, self.shards)
         self.gate = StepGate(self.redis, config.name, self.shards, config.train.sgd, config.train.staleness,
                              self.trainer_id, max_wait_s=max(1.0, config.tasks.timeout_s / 3))
         self.in_flight = InFlight(config.train.max_in_flight, client.applied, self.trainer_id,

@@ -5,6 +5,7 @@ handed groups become transactions."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ ME = "t0"
 
 
 def pushes(rule: str = "sgd") -> OwnPushes:
-    return OwnPushes(make_rule(rule, lr=0.5), ME)
+    return OwnPushes(make_rule(rule, lr=0.5), ME, shards=2)
 
 
 def push(own: OwnPushes, step: int, blocks: dict[int, np.ndarray] | None = None, task="task"):
@@ -202,3 +203,17 @@ def test_in_flight_stops_waiting_when_the_commit_failed_or_the_cap_passes() -> N
 
     with pytest.raises(DeliveryError):
         InFlight(1, lambda: {0: {}, 1: {}}, ME, max_wait_s=5.0).wait(own, 1, failed)
+    # After a timeout those pushes are not waited for again: a shard that is down costs one wait.
+    push(own, 2)
+    began = time.monotonic()
+    never.wait(own, 2)
+    assert time.monotonic() - began < 0.05 and own.in_flight(2) == 3
+
+
+def test_a_push_counts_as_published_only_once_every_shard_has_published_it() -> None:
+    own = pushes()
+    push(own, 0)
+    own.published({0: {ME: 0}})  # a pull that read shard 0 only
+    assert own.pending == 1
+    own.published({1: {ME: 0}})
+    assert own.pending == 0
