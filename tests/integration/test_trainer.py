@@ -208,7 +208,8 @@ def test_pushes_every_n_and_dense_pulls_every_m_mini_batches(services, etcd, red
             assert [seq for seq, _ in seqs] == list(range(-(-task_batches // 3))), task_id
             assert examples[:-1] == [3 * batch] * (len(examples) - 1), (task_id, examples)
             batches += task_batches
-    # Async: a mini-batch's rows are pulled ahead, its dense blocks (one in three) when it trains.
+    # Counted by wrapping the real pull (a spy, not a mock): every mini-batch pulls its rows when it
+    # begins, one in three the dense blocks in the same transaction.
     assert sum(rows for rows, _ in pulls) == batches
     assert sum(dense for _, dense in pulls) == -(-batches // 3)
 
