@@ -361,8 +361,10 @@ class TrainSection:
         staleness: the bound for ``sgd = "bounded"`` (>= 1 there, 0 otherwise).
         delivery: ``exactly_once`` (transactional deltas, deduplicated by the pservers) or
             ``at_least_once`` (lower latency; a re-run task may apply part of its gradient twice).
-        push_every: push accumulated gradients every n mini-batches.
-        pull_every: pull fresh parameters every m mini-batches.
+        push_every: push every n mini-batches, each still a step of the update rule, with
+            one pull of their rows at the start.
+        pull_every: pull the dense parameters at a push's start once m mini-batches have
+            trained since their last pull.
         max_in_flight: async only: how many of its own pushes a trainer may have handed to
             its committer and not yet seen published by every shard when it goes on to the
             next mini-batch; it waits for the shards otherwise, never for other trainers. 0

@@ -125,7 +125,8 @@ class RowTable:
             self._reserve(start + len(new_ids))
             new_rows = np.arange(start, start + len(new_ids), dtype=np.int64)
             self.ids[new_rows] = new_ids
-            self.values[new_rows] = initial_rows(self.name, new_ids, self.dim, self.init_scale)
+            if self.init_scale:  # else they stay the zeros they were allocated as
+                self.values[new_rows] = initial_rows(self.name, new_ids, self.dim, self.init_scale)
             self.index.insert(new_ids, new_rows)
             self.size += len(new_ids)
             rows[missing] = new_rows
@@ -136,12 +137,17 @@ class RowTable:
         return np.take(row_view(self.values), rows).view(np.float32).reshape(len(rows), self.dim)
 
     def apply(self, ids: np.ndarray, grads: np.ndarray, rule: UpdateRule) -> np.ndarray:
-        """Apply one gradient row per distinct id; returns the table rows touched.
+        """Apply one gradient row per distinct id; returns the table rows touched."""
+        rows = self.rows_for(ids)
+        self.update(rows, grads, rule)
+        return rows
+
+    def update(self, rows: np.ndarray, grads: np.ndarray, rule: UpdateRule) -> np.ndarray:
+        """One step of `rule` on distinct table rows; returns their new values (a copy).
 
         Gather and scatter go through one-item-per-row views (np.take / np.put copy whole rows
         at once): 2-d fancy indexing was the slow half of every batch (docs/optimizers.md).
         """
-        rows = self.rows_for(ids)
         n, dim = len(rows), self.dim
         values = np.take(row_view(self.values), rows).view(np.float32).reshape(n, dim)
         state = {name: np.take(row_view(arr), rows).view(np.float32).reshape(n, dim)
@@ -154,7 +160,7 @@ class RowTable:
             np.put(row_view(arr), rows, row_view(state[name]))
         np.put(self.steps, rows, steps + 1)
         self.updates += 1
-        return rows
+        return values
 
     def _reserve(self, needed: int) -> None:
         capacity = len(self.ids)

@@ -50,6 +50,10 @@ class ShardState:
     def apply(self, delta: GradientDelta) -> Changes | None:
         """Apply a delta once; None if it was a duplicate (counted in `dedup.dropped`).
 
+        Its parts apply in order, each one step of the update rule: a table or dense block in
+        several parts takes several steps (a push of several mini-batches, each stepped as one
+        process would step it, trainer/worker.py).
+
         Raises:
             BadDeltaError: the delta does not fit the parameters here; nothing was applied.
         """
@@ -60,7 +64,8 @@ class ShardState:
         for part in delta.sparse:
             ids, grads = _distinct(part.ids, part.values)
             self._table(part.table, part.dim).apply(ids, grads, self.rule)
-            changes.rows[part.table] = ids
+            seen = changes.rows.get(part.table)
+            changes.rows[part.table] = ids if seen is None else np.union1d(seen, ids)
         for piece in delta.dense:
             block = self._block(piece.param, piece.block, len(piece.values))
             self.rule.apply(block.values, piece.values.reshape(1, -1).astype(np.float32, copy=False),

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pserver.optimizers import UpdateRule
+from pserver.rows import RowTable
 
 Block = tuple[str, int]
 
@@ -56,7 +57,8 @@ class OwnPushes:
 
     # -- a push ----------------------------------------------------------------------------
     def block(self, block: Block, grad: np.ndarray, shard: int) -> np.ndarray:
-        """A dense block's gradient in the push being made; returns its estimated change."""
+        """A dense block's gradient of one step (mini-batch) of the push being made; returns
+        the step's estimated change. A push of several steps changes the block by their sum."""
         grads = grad.reshape(1, -1)
         state, steps = self._dense_state.get(block) or (None, None)
         if state is None:
@@ -67,7 +69,8 @@ class OwnPushes:
         self.rule.apply(change, grads, state, steps)
         steps += 1
         change = change.reshape(-1)
-        self._building[block] = (change, shard)
+        before = self._building.get(block)
+        self._building[block] = (change if before is None else before[0] + change, shard)
         return change
 
     def pushed(self, step: int, task_id: str) -> None:
@@ -120,3 +123,27 @@ class OwnPushes:
     def in_flight(self, through: int) -> int:
         """Pushes up to step `through` some shard has not published yet."""
         return sum(1 for p in self._pushes if p.step <= through)
+
+
+class OwnRows:
+    """Estimates of what this trainer's own steps change in its rows, for the later mini-batches
+    of the same push (`train.push_every` > 1), which train before the shards have the push.
+
+    The job's update rule runs on this trainer's gradients with a local copy of the rule's
+    state per row, advanced by this trainer's steps only, as `OwnPushes` does for the dense
+    blocks: Adam's moments and Adagrad's sums then have the scale of the shard's (a fresh
+    state per step would give `lr` a coordinate, far more than Adagrad moves a row it has
+    updated often). It costs a row of the model's width per state array, plus the row itself,
+    for every id this trainer has trained."""
+
+    def __init__(self, rule: UpdateRule, width: int) -> None:
+        self.rule = rule
+        # Values start at zero and hold the sum of the estimated changes; a rule that sets rows
+        # absolutely (FTRL's w(z, n)) is read as the difference it makes.
+        self._table = RowTable("own", width, rule.state_names, init_scale=0.0)
+
+    def step(self, ids: np.ndarray, grads: np.ndarray) -> np.ndarray:
+        """One step's gradients of distinct `ids`; returns its estimated change of each row."""
+        rows = self._table.rows_for(ids)
+        before = self._table.gather(rows)
+        return self._table.update(rows, grads, self.rule) - before

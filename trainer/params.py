@@ -197,51 +197,44 @@ class PendingFetch:
 
 
 class GradientBuffer:
-    """A push group's gradients, summed per row, then split by owning shard."""
+    """A push's gradients, one step (mini-batch) after another, split by owning shard.
+
+    Steps are not summed: a shard applies each as a step of the update rule, in order, so a
+    push of several mini-batches trains as many steps as one process would (summed, they were
+    one step of a batch as large: 0.008 AUC lost at four, bench/RESULTS.md)."""
 
     def __init__(self, slot_map: SlotMap, shards: int) -> None:
         self.slot_map = slot_map
         self.shards = shards
-        self._rows: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]] = defaultdict(list)
+        self._sparse: dict[int, list[SparseRows]] = defaultdict(list)
+        self._dense: dict[int, list[DenseSlice]] = defaultdict(list)
         self._block_shards: dict[tuple[str, int], int] = {}
 
     def clear(self) -> None:
-        self._rows.clear()
+        self._sparse.clear()
+        self._dense.clear()
 
-    def add_rows(self, table: str, ids: np.ndarray, grads: np.ndarray, shards: np.ndarray | None = None) -> None:
-        """Gradients of distinct `ids`; `shards`, each id's owner, if the caller knows them
-        (the pull that fetched the rows did)."""
-        self._rows[table].append((ids, grads, shards))
+    def add_step(self, table: str | None, ids: np.ndarray, grads: np.ndarray, shards: np.ndarray | None,
+                 dense: list[tuple[str, int, np.ndarray]]) -> None:
+        """One step's gradients: of distinct row `ids` of `table` (None: the model has no rows;
+        `shards`, each id's owner, if the caller knows them: the pull that fetched the rows
+        did) and of dense blocks (`DenseLayout.gradients`)."""
+        if table is not None:
+            for shard, (s_ids, s_grads) in self.slot_map.split_rows(table, ids, grads, shards).items():
+                self._sparse[shard].append(SparseRows(table, s_ids, s_grads))
+        for param, block, values in dense:
+            self._dense[self.shard_of_block(param, block)].append(DenseSlice(param, block, 0, values))
 
-    def deltas(self, layout: DenseLayout, task_id: str, seq: int, trainer_id: str, step: int,
-               examples: int) -> list[GradientDelta]:
+    def deltas(self, task_id: str, seq: int, trainer_id: str, step: int, examples: int) -> list[GradientDelta]:
         """One delta per shard, empty ones included: every shard counts every group's
         examples, which is what makes exactly-once checkable by counting."""
-        sparse: dict[int, list[SparseRows]] = defaultdict(list)
-        for table, parts in self._rows.items():
-            if len(parts) == 1:
-                ids, grads, owners = parts[0]
-            else:
-                ids = np.concatenate([p[0] for p in parts])
-                grads = np.concatenate([p[1] for p in parts])
-                owners = None if any(p[2] is None for p in parts) else np.concatenate([p[2] for p in parts])
-                unique, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-                if len(unique) < len(ids):
-                    summed = np.zeros((len(unique), grads.shape[1]), dtype=np.float32)
-                    np.add.at(summed, inverse, grads)
-                    ids, grads = unique, summed
-                    owners = None if owners is None else owners[first]
-            for shard, (s_ids, s_grads) in self.slot_map.split_rows(table, ids, grads, owners).items():
-                sparse[shard].append(SparseRows(table, s_ids, s_grads))
-        dense: dict[int, list[DenseSlice]] = defaultdict(list)
-        for param, block, values in layout.gradients():
-            dense[self._block_shard(param, block)].append(DenseSlice(param, block, 0, values))
-        self._rows.clear()
-        return [GradientDelta(task_id, seq, trainer_id, shard, step, examples,
-                              dense=tuple(dense[shard]), sparse=tuple(sparse[shard]))
-                for shard in range(self.shards)]
+        out = [GradientDelta(task_id, seq, trainer_id, shard, step, examples,
+                             dense=tuple(self._dense[shard]), sparse=tuple(self._sparse[shard]))
+               for shard in range(self.shards)]
+        self.clear()
+        return out
 
-    def _block_shard(self, param: str, block: int) -> int:
+    def shard_of_block(self, param: str, block: int) -> int:
         shard = self._block_shards.get((param, block))
         if shard is None:
             shard = self._block_shards[(param, block)] = self.slot_map.shard_of_block(param, block)

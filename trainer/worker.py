@@ -46,7 +46,7 @@ from trainer.feed import Chunk, TaskFeed
 from trainer.loader import BadRecord, Loaded, LoaderSpec, RecordLoader
 from trainer.metrics import TaskMetrics
 from trainer.models import ModelSpec
-from trainer.own import OwnPushes
+from trainer.own import OwnPushes, OwnRows
 from trainer.params import DenseLayout, GradientBuffer, ParamSync, RowLayout
 from trainer.reader import RangeReadError
 from trainer.steps import InFlight, StepGate
@@ -176,8 +176,10 @@ class Trainer:
         self.buffer = GradientBuffer(self.slot_map, self.shards)
         # Read-your-writes (trainer/own.py): the dense changes of the pushes the shards have not
         # published yet are added to every pull, estimated with the job's own update rule.
-        self.own = OwnPushes(make_rule(config.pservers.optimizer, lr=config.train.learning_rate),
-                             self.trainer_id, self.shards)
+        rule = make_rule(config.pservers.optimizer, lr=config.train.learning_rate)
+        self.own = OwnPushes(rule, self.trainer_id, self.shards)
+        self.own_rows = OwnRows(rule, self.rows.width) if config.train.push_every > 1 else None
+        self._since_dense: int | None = None  # mini-batches since the dense blocks were pulled
         self.gate = StepGate(self.redis, config.name, self.shards, config.train.sgd, config.train.staleness,
                              self.trainer_id, max_wait_s=max(1.0, config.tasks.timeout_s / 3))
         self.in_flight = InFlight(config.train.max_in_flight, client.applied, self.trainer_id,
@@ -299,18 +301,21 @@ class Trainer:
         messages stay in `self.delivery` for the committer."""
         task = self._task = first.task
         metrics = self._metrics = TaskMetrics(task.task_id, self.trainer_id, task.record.attempt)
-        self._seq = self._group_batches = self._group_examples = self._since_commit = 0
+        self._seq = self._since_commit = 0
         self._heartbeat_at = first.claimed_at
         if time.monotonic() - self._heartbeat_at > self.config.tasks.timeout_s / 3:
             self._heartbeat()  # it waited in the feed: still ours?
         self.model.zero_grad(set_to_none=True)
         self.buffer.clear()
         self._batcher = MiniBatches(self.config.model.batch_size)
-        batches = self._mini_batches(feed, first, stop)
-        for batch in batches:
-            self._train_batch(batch)
-        if self._group_batches:
-            self._push()
+        group: list[Batch] = []
+        for batch in self._mini_batches(feed, first, stop):
+            group.append(batch)
+            if len(group) == self.config.train.push_every:
+                self._train_group(group)
+                group = []
+        if group:
+            self._train_group(group)
         self.delivery.add(self.topics.metrics, metrics.to_json(), task.task_id.encode())
         return metrics
 
@@ -352,32 +357,57 @@ class Trainer:
         # Keyed by position: the DLQ is compacted, so a re-run task leaves one entry per record.
         self.delivery.add(self.topics.dlq, letter.to_json(), f"{bad.topic}:{bad.partition}:{bad.offset}".encode())
 
-    def _train_batch(self, batch: Batch) -> None:
-        """Train one mini-batch. Its rows and (every `train.pull_every` batches) the dense
+    def _train_group(self, batches: list[Batch]) -> None:
+        """Train one push group, a mini-batch a step, and push it.
+
+        The rows of all its mini-batches and (every `train.pull_every` mini-batches) the dense
         blocks are pulled when it begins, in one Redis transaction, after the wait for this
         trainer's pushes in flight: it trains on parameters that miss at most
         `train.max_in_flight` of its own pushes (none by default; their dense changes are
-        added, trainer/own.py) and what the others have not published. Not pulled a batch
-        ahead: rows missing one more own push cost a deep model up to 0.012 AUC
-        (bench/RESULTS.md)."""
+        added, trainer/own.py) and what the others have not published. Within the group each
+        step's estimated changes (`OwnRows`, `OwnPushes.block`) are added before the next step,
+        which trains as if the shards had applied it; the shards then apply the group's steps
+        in order. Rows are not pulled a step ahead: rows missing one more own push cost a deep
+        model up to 0.012 AUC (bench/RESULTS.md)."""
         metrics = self._metrics
         started = time.perf_counter()
-        dense = self._batches % self.config.train.pull_every == 0
-        unique, inverse = np.unique(batch.ids, return_inverse=True)
         layout = self.rows
+        every = self.config.train.pull_every
+        dense = self._since_dense is None or self._since_dense >= every
+        self._since_dense = len(batches) if dense else self._since_dense + len(batches)
+        distinct = [np.unique(batch.ids, return_inverse=True) for batch in batches]
+        ids = distinct[0][0] if len(batches) == 1 else np.unique(np.concatenate([u for u, _ in distinct]))
         # Each row's shard, hashed once: the pull needs the shards' versions, the push splits by them.
-        shards = {layout.name: self.slot_map.shard_of_rows(layout.name, unique)} if layout.width else {}
+        owners = self.slot_map.shard_of_rows(layout.name, ids) if layout.width else None
         request = {layout.name: layout.width} if layout.width else {}
-        tables = self.sync.load(self.sync.send(request, unique, shards, dense=dense).result(), self.own)
-        self._batches += 1
+        shards = {layout.name: owners} if layout.width else {}
+        tables = self.sync.load(self.sync.send(request, ids, shards, dense=dense).result(), self.own)
+        values = tables.get(layout.name) if layout.width else np.zeros((len(ids), 0), np.float32)
+        if len(batches) > 1:
+            values = np.array(values)  # the group's own copy, stepped by its estimates
         pulled = time.perf_counter()
         metrics.pull_s += pulled - started
         self.obs.pull_seconds.observe(pulled - started)
+        for (unique, inverse), batch in zip(distinct, batches):
+            at = None if len(batches) == 1 else np.searchsorted(ids, unique)
+            self._train_step(batch, unique, inverse, values if at is None else values[at],
+                             owners if at is None or owners is None else owners[at])
+            if self.own_rows is not None and layout.width:
+                change = self.own_rows.step(unique, self._row_grads)  # every step: the state must see all
+                if at is not None:
+                    values[at] += change
+        self._push(sum(batch.size for batch in batches))
 
+    def _train_step(self, batch: Batch, unique: np.ndarray, inverse: np.ndarray, values: np.ndarray,
+                    owners: np.ndarray | None) -> None:
+        """One mini-batch on `values`, the rows of its distinct ids `unique`: its gradients go
+        to the push being built, its dense changes (estimated) into the model at once."""
+        metrics = self._metrics
+        started = time.perf_counter()
+        layout = self.rows
         inverse_t = self._to(torch.from_numpy(inverse.astype(np.int64)))
         bags_t = self._to(torch.from_numpy(batch.bags))
-        values = tables.get(layout.name)
-        rows = self._to(torch.from_numpy(values if values is not None else np.zeros((len(unique), 0), np.float32)))
+        rows = self._to(torch.from_numpy(values))
         rows.requires_grad_(True)
         pooled = layout.split(pool(rows, inverse_t, bags_t, batch.size, batch.fields))
         labels = self._to(torch.from_numpy(batch.labels))
@@ -387,40 +417,34 @@ class Trainer:
         with torch.no_grad():
             scores = torch.sigmoid(logits).cpu().numpy()
         metrics.observe(batch.labels, scores, float(loss.item()) * batch.size)
-        if layout.width:
-            self.buffer.add_rows(layout.name, unique, rows.grad.cpu().numpy(), shards[layout.name])
-        computed = time.perf_counter() - pulled
+        self._row_grads = rows.grad.cpu().numpy()
+        dense = self.layout.gradients()
+        self.buffer.add_step(layout.name if layout.width else None, unique, self._row_grads, owners, dense)
+        self.model.zero_grad(set_to_none=True)
+        # The next step, pulled or not, sees this one's dense change.
+        self.layout.add({(param, block): self.own.block((param, block), grad, self.buffer.shard_of_block(param, block))
+                         for param, block, grad in dense})
+        computed = time.perf_counter() - started
         metrics.compute_s += computed
         self.obs.compute_seconds.observe(computed)
         self.obs.examples.inc(batch.size)
-        self._group_batches += 1
-        self._group_examples += batch.size
         self.stats.examples += batch.size
-        if self._group_batches == self.config.train.push_every:
-            self._push()
+        self._batches += 1
 
     def _to(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.device.type == "cuda":
             return tensor.pin_memory().to(self.device, non_blocking=True)
         return tensor
 
-    def _push(self) -> None:
+    def _push(self, examples: int) -> None:
         started = time.perf_counter()
         task_id = self._task.task_id
         self.committer.raise_failed(task_id)
-        changes = {}
-        for delta in self.buffer.deltas(self.layout, task_id, self._seq, self.trainer_id,
-                                        self.step, self._group_examples):
+        for delta in self.buffer.deltas(task_id, self._seq, self.trainer_id, self.step, examples):
             self.delivery.add(self.topics.grad(delta.shard), delta.to_bytes(), task_id.encode())
-            for piece in delta.dense:
-                changes[(piece.param, piece.block)] = self.own.block((piece.param, piece.block), piece.values,
-                                                                     delta.shard)
         self.own.pushed(self.step, task_id)
-        self.model.zero_grad(set_to_none=True)
-        self.layout.add(changes)  # the next mini-batch sees this push, pulled or not
         self._seq += 1
         pushed, self.step = self.step, self.step + 1
-        self._group_batches = self._group_examples = 0
         self._since_commit += 1
         commit_every = self.config.train.commit_every
         if self.gate.active:

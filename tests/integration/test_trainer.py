@@ -183,7 +183,8 @@ def dead_letters(services: Endpoints, job: str) -> list[DeadLetter]:
 def test_pushes_every_n_and_dense_pulls_every_m_mini_batches(services, etcd, redis_conn, topic_factory, unique,
                                                              tmp_path, monkeypatch) -> None:
     """The seeds' n and m at 3: a task's mini-batches go out in groups of three (the last one
-    shorter), and one mini-batch in three pulls the dense blocks with its rows."""
+    shorter), each group one pull of all its rows, and with them the dense blocks once three
+    mini-batches have trained since their last pull; every mini-batch is a step of its own."""
     train = MODEL.examples(6_000)
     topic = topic_factory("every", partitions=2)
     counts = write_examples(services, topic, [e.to_json() for e in train], 2)
@@ -191,27 +192,36 @@ def test_pushes_every_n_and_dense_pulls_every_m_mini_batches(services, etcd, red
     send = ParamSync.send
     monkeypatch.setattr(ParamSync, "send", lambda self, tables, ids, shards, dense: (
         pulls.append((len(ids) > 0, dense)), send(self, tables, ids, shards, dense))[1])
+    sizes: list[int] = []  # mini-batches per group, in the order trained
+    train_group = Trainer._train_group
+    monkeypatch.setattr(Trainer, "_train_group", lambda self, batches: (
+        sizes.append(len(batches)), train_group(self, batches))[1])
     config = make_job(unique("every"), topic, tmp_path, push_every=3, pull_every=3, commit_every=0)
     train_one_pass(services, redis_conn, config, topic, counts, trainers=1, timeout_s=120)
     batch = config.model.batch_size
-    batches = 0
+    groups = 0
     for shard in range(2):
-        groups = committed_groups(services, Topics(config.name).grad(shard))
-        by_task: dict[str, list[tuple[int, int]]] = {}
-        for (task_id, seq), copies in groups.items():
-            by_task.setdefault(task_id, []).append((seq, copies[0]))
-        batches = 0
-        for task_id, seqs in by_task.items():
-            seqs.sort()
-            examples = [n for _, n in seqs]
-            task_batches = -(-sum(examples) // batch)
-            assert [seq for seq, _ in seqs] == list(range(-(-task_batches // 3))), task_id
-            assert examples[:-1] == [3 * batch] * (len(examples) - 1), (task_id, examples)
-            batches += task_batches
-    # Counted by wrapping the real pull (a spy, not a mock): every mini-batch pulls its rows when it
-    # begins, one in three the dense blocks in the same transaction.
-    assert sum(rows for rows, _ in pulls) == batches
-    assert sum(dense for _, dense in pulls) == -(-batches // 3)
+        by_task: dict[str, dict[int, GradientDelta]] = {}
+        for value in committed(services, Topics(config.name).grad(shard)):
+            delta = GradientDelta.from_bytes(value)
+            by_task.setdefault(delta.task_id, {}).setdefault(delta.seq, delta)
+        groups = 0
+        for task_id, deltas in by_task.items():
+            seqs = [deltas[seq] for seq in sorted(deltas)]
+            task_batches = -(-sum(d.examples for d in seqs) // batch)
+            assert [d.seq for d in seqs] == list(range(-(-task_batches // 3))), task_id
+            assert [d.examples for d in seqs[:-1]] == [3 * batch] * (len(seqs) - 1), task_id
+            # A part per mini-batch: the shard steps each (a few hundred ids a batch reach both shards).
+            assert [len(d.sparse) for d in seqs] == [min(3, task_batches - 3 * g) for g in range(len(seqs))], task_id
+            groups += len(seqs)
+    # Counted by wrapping the real pull (a spy, not a mock): one pull a group, with the dense
+    # blocks when three mini-batches have trained since their last pull (a task's last group
+    # can be shorter).
+    assert len(pulls) == len(sizes) == groups and all(rows for rows, _ in pulls)
+    since = None
+    for (_, dense), size in zip(pulls, sizes):
+        assert dense == (since is None or since >= 3)
+        since = size if dense else since + size
 
 
 def test_at_least_once_delivery_trains_without_transactions(services, etcd, redis_conn, topic_factory,

@@ -65,6 +65,29 @@ def test_adam_rows_are_bias_corrected_by_the_tables_steps_as_sparse_adam_does() 
     assert np.allclose(got, table.detach().numpy(), atol=1e-6)
 
 
+def test_a_delta_of_several_steps_applies_them_in_order_as_separate_deltas_would() -> None:
+    # A push of several mini-batches: each part is a step of the rule (Adam's moments and
+    # table clock advance per part), and the changes name every row of every part.
+    rng = np.random.default_rng(5)
+    steps = [([1, 2], rng.standard_normal((2, 4))), ([2, 3], rng.standard_normal((2, 4)))]
+    dense = [DenseSlice("fc", 0, 0, rng.standard_normal(3).astype(np.float32)) for _ in steps]
+    one, apart = ShardState(Adam(lr=0.01)), ShardState(Adam(lr=0.01))
+    together = GradientDelta(task_id=TaskRecord.make_id("clicks", 0, 0), seq=0, trainer_id="t", shard=0, step=0,
+                             examples=20, dense=tuple(dense),
+                             sparse=tuple(SparseRows("user", np.array(i, dtype=np.uint64), g.astype(np.float32))
+                                          for i, g in steps))
+    changes = one.apply(together)
+    for seq, ((ids, grads), piece) in enumerate(zip(steps, dense)):
+        apart.apply(delta(seq, ids, grads, dense=(piece,)))
+    assert list(changes.rows["user"]) == [1, 2, 3] and changes.blocks == {("fc", 0)}
+    ids = np.array([1, 2, 3], dtype=np.uint64)
+    for state in (one, apart):
+        assert state.tables["user"].updates == 2 and state.dense[("fc", 0)].steps[0] == 2
+    np.testing.assert_array_equal(one.tables["user"].values[one.tables["user"].rows_for(ids)],
+                                  apart.tables["user"].values[apart.tables["user"].rows_for(ids)])
+    np.testing.assert_array_equal(one.dense[("fc", 0)].values, apart.dense[("fc", 0)].values)
+
+
 def test_duplicate_delta_is_dropped_and_counted_once() -> None:
     state = ShardState(Adagrad(lr=0.1))
     assert state.apply(delta(0, [1], [[1.0, 1.0]])) is not None

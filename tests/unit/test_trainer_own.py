@@ -14,7 +14,7 @@ import torch
 from pserver.optimizers import make_rule
 from trainer.committer import Committer, Ended
 from trainer.delivery import DeliveryError
-from trainer.own import OwnPushes
+from trainer.own import OwnPushes, OwnRows
 from trainer.steps import InFlight
 
 ME = "t0"
@@ -59,6 +59,35 @@ def test_pushes_every_shard_published_are_dropped_and_a_restart_goes_on_after_th
     own.published({0: {ME: 2}})
     assert own.pending == 0
     assert own.first_step({0: {ME: 4}, 1: {ME: 9, "t1": 30}}) == 10 and own.first_step({}) == 0
+
+
+def test_a_push_of_several_steps_adds_up_their_dense_changes() -> None:
+    own = pushes()
+    ones = np.ones(2, np.float32)
+    own.block(("fc", 0), ones, 0)
+    own.block(("fc", 0), ones, 0)  # a second mini-batch of the same push
+    own.pushed(0, "task")
+    assert own.add_blocks({}, {0: {}, 1: {}})[("fc", 0)].tolist() == [-1.0, -1.0]
+
+
+@pytest.mark.parametrize("rule", ["adagrad", "adam", "ftrl"])
+def test_row_estimates_step_each_rows_own_state_as_a_shard_would(rule) -> None:
+    """What `OwnRows` says a step changes is what the shard's rule does to a row that only
+    this trainer updates: its state carries over from step to step, per row."""
+    from pserver.state import ShardState
+    from schemas import GradientDelta, SparseRows, TaskRecord
+    make = (lambda: make_rule(rule, alpha=0.1)) if rule == "ftrl" else (lambda: make_rule(rule, lr=0.1))
+    own, shard = OwnRows(make(), 3), ShardState(make(), init_scale=0.0)
+    rng = np.random.default_rng(0)
+    for seq, ids in enumerate([[1, 2], [2], [1, 2, 5], [2]]):
+        ids = np.array(ids, dtype=np.uint64)
+        grads = rng.standard_normal((len(ids), 3)).astype(np.float32)
+        table = shard.tables.get("t")
+        before = np.zeros((len(ids), 3), np.float32) if table is None else table.gather(table.rows_for(ids))
+        shard.apply(GradientDelta(TaskRecord.make_id("c", 0, 0), seq, ME, 0, seq, 1,
+                                  sparse=(SparseRows("t", ids, grads),)))
+        table = shard.tables["t"]
+        np.testing.assert_allclose(own.step(ids, grads), table.gather(table.rows_for(ids)) - before, atol=1e-6)
 
 
 def test_dense_estimates_carry_the_rules_state_from_push_to_push() -> None:

@@ -148,20 +148,23 @@ def test_auc_matches_the_pairwise_definition_with_ties() -> None:
     assert auc(np.ones(3), np.arange(3)) is None
 
 
-def test_gradient_buffer_sums_rows_and_sends_one_delta_per_shard() -> None:
+def test_gradient_buffer_keeps_each_step_apart_and_sends_one_delta_per_shard() -> None:
     slot_map = SlotMap.uniform(128, 3)
     model = LogisticRegression(ModelSpec(("a",), 2, 4))
     layout = DenseLayout(model)
     layout.load({})
     model.bias.grad = torch.ones(1)
     buffer = GradientBuffer(slot_map, 3)
-    buffer.add_rows("lr", np.array([1, 2], dtype=np.uint64), np.ones((2, 1), dtype=np.float32))
-    buffer.add_rows("lr", np.array([2, 9], dtype=np.uint64), np.ones((2, 1), dtype=np.float32))
-    deltas = buffer.deltas(layout, "t:0:00000000000000000000", 4, "tr", 7, 32)
+    buffer.add_step("lr", np.array([1, 2], dtype=np.uint64), np.ones((2, 1), dtype=np.float32), None,
+                    layout.gradients())
+    buffer.add_step("lr", np.array([2, 9], dtype=np.uint64), np.full((2, 1), 2, dtype=np.float32), None,
+                    layout.gradients())
+    deltas = buffer.deltas("t:0:00000000000000000000", 4, "tr", 7, 32)
     assert [d.shard for d in deltas] == [0, 1, 2] and all(d.examples == 32 and d.seq == 4 for d in deltas)
-    rows = {int(i): float(g[0]) for d in deltas for part in d.sparse for i, g in zip(part.ids, part.values)}
-    assert rows == {1: 1.0, 2: 2.0, 9: 1.0}
-    assert sum(len(d.dense) for d in deltas) == 1
+    steps = sorted((int(i), float(g[0])) for d in deltas for part in d.sparse for i, g in zip(part.ids, part.values))
+    assert steps == [(1, 1.0), (2, 1.0), (2, 2.0), (9, 2.0)]  # id 2 in both steps, not summed
+    assert sum(len(d.dense) for d in deltas) == 2  # the bias once a step
+    assert buffer.deltas("t:0:00000000000000000000", 5, "tr", 8, 0)[0].sparse == ()
 
 
 @pytest.mark.parametrize("cls", [LogisticRegression, WideDeep, DeepFM])
