@@ -123,7 +123,6 @@ class Trainer:
         self.lease_ttl_s = lease_ttl_s
         self.stats = TrainerStats()
         self.step = 0  # push groups sent, across tasks
-        self._batches = 0  # mini-batches trained, across tasks
         self.obs = TrainerMetrics.for_trainer(job, self.trainer_id)  # Prometheus, docs/observability.md
 
     # -- life cycle ----------------------------------------------------------------------
@@ -390,18 +389,19 @@ class Trainer:
         self.obs.pull_seconds.observe(pulled - started)
         for (unique, inverse), batch in zip(distinct, batches):
             at = None if len(batches) == 1 else np.searchsorted(ids, unique)
-            self._train_step(batch, unique, inverse, values if at is None else values[at],
-                             owners if at is None or owners is None else owners[at])
+            grads = self._train_step(batch, unique, inverse, values if at is None else values[at],
+                                     owners if at is None or owners is None else owners[at])
             if self.own_rows is not None and layout.width:
-                change = self.own_rows.step(unique, self._row_grads)  # every step: the state must see all
+                change = self.own_rows.step(unique, grads)  # every step: the state must see all
                 if at is not None:
                     values[at] += change
         self._push(sum(batch.size for batch in batches))
 
     def _train_step(self, batch: Batch, unique: np.ndarray, inverse: np.ndarray, values: np.ndarray,
-                    owners: np.ndarray | None) -> None:
+                    owners: np.ndarray | None) -> np.ndarray:
         """One mini-batch on `values`, the rows of its distinct ids `unique`: its gradients go
-        to the push being built, its dense changes (estimated) into the model at once."""
+        to the push being built, its dense changes (estimated) into the model at once; returns
+        the rows' gradients."""
         metrics = self._metrics
         started = time.perf_counter()
         layout = self.rows
@@ -417,9 +417,9 @@ class Trainer:
         with torch.no_grad():
             scores = torch.sigmoid(logits).cpu().numpy()
         metrics.observe(batch.labels, scores, float(loss.item()) * batch.size)
-        self._row_grads = rows.grad.cpu().numpy()
+        grads = rows.grad.cpu().numpy() if layout.width else np.zeros((len(unique), 0), np.float32)
         dense = self.layout.gradients()
-        self.buffer.add_step(layout.name if layout.width else None, unique, self._row_grads, owners, dense)
+        self.buffer.add_step(layout.name if layout.width else None, unique, grads, owners, dense)
         self.model.zero_grad(set_to_none=True)
         # The next step, pulled or not, sees this one's dense change.
         self.layout.add({(param, block): self.own.block((param, block), grad, self.buffer.shard_of_block(param, block))
@@ -429,7 +429,7 @@ class Trainer:
         self.obs.compute_seconds.observe(computed)
         self.obs.examples.inc(batch.size)
         self.stats.examples += batch.size
-        self._batches += 1
+        return grads
 
     def _to(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.device.type == "cuda":
