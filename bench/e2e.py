@@ -1,7 +1,7 @@
 """A whole job against the bare PyTorch loop a user would write, on the same records, in one run.
 
     python -m bench.e2e [--records 1000000] [--holdout 100000] [--model widedeep]
-                        [--trainers 1 2] [--formats csv json] [--set train.commit_every=1 ...]
+                        [--trainers 1 2] [--formats csv json] [--set train.push_every=2 ...]
                         [--bare-seeds 3] [--freshness-rate 5000] [--freshness-s 20] [--out report.json]
 
 The workload looks like production CTR data (`ClickModelConfig.production()`: 8 fields with
@@ -486,7 +486,7 @@ def parse_sets(items: list[str]) -> dict[str, dict[str, str]]:
         key, sep, value = item.partition("=")
         section, dot, name = key.partition(".")
         if not sep or not dot or not section or not name:
-            raise SystemExit(f"--set {item!r}: expected section.key=value, e.g. train.commit_every=1")
+            raise SystemExit(f"--set {item!r}: expected section.key=value, e.g. train.push_every=2")
         out.setdefault(section, {})[name] = value
     return out
 
@@ -499,7 +499,7 @@ def main() -> None:
     parser.add_argument("--trainers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--formats", nargs="+", choices=["csv", "json"], default=["csv", "json"])
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="a job-file setting for every job run (TOML value), e.g. train.commit_every=1")
+                        help="a job-file setting for every job run (TOML value), e.g. train.push_every=2")
     parser.add_argument("--timeout-s", type=float, default=900, help="per job run")
     parser.add_argument("--bare-seeds", type=int, default=3,
                         help="initialisations of the bare loop; the reference AUC is their mean")

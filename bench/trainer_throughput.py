@@ -1,10 +1,10 @@
 """Trainer examples/s through the whole system (exact reads from Kafka, decode, row pulls
-from Redis, forward/backward, deltas committed to the gradient topics in Kafka transactions),
+from Redis, forward/backward, deltas produced to the gradient topics and acknowledged),
 beside a bare PyTorch loop over the same data and model in the same run.
 
     python -m bench.trainer_throughput [--examples 600000] [--warmup 120000] [--batch-size 256]
                                        [--model trainer.models:LogisticRegression]
-                                       [--commit-every 0] [--task-records N] [--bare-runs 3]
+                                       [--task-records N] [--bare-runs 3]
 
 Starts its own Kafka, etcd and Redis (or uses STREAMTRAIN_KAFKA/ETCD/REDIS), a master and two
 pserver shards as their own processes (as deployed: a shard's threads do not share the
@@ -66,7 +66,6 @@ sparse_fields = [{fields}]
 dense_features = {model.dense_features}
 batch_size = {args.batch_size}
 [train]
-commit_every = {args.commit_every}
 learning_rate = 0.1
 [pservers]
 count = 2
@@ -201,7 +200,7 @@ def run(endpoints: Endpoints, args: argparse.Namespace, home: Path, service_pids
     return {
         "examples": len(examples), "warmup_examples": args.warmup, "model": args.model,
         "batch_size": args.batch_size,
-        "commit_every": args.commit_every, "task_records": args.task_records or TasksSection.max_records,
+        "task_records": args.task_records or TasksSection.max_records,
         "trainer_examples_per_s": round(steady / system_s),
         "trainer_startup_s": round(startup_s, 2),
         # Cores each process kept busy meanwhile (the machine's cores are shared by all).
@@ -227,7 +226,6 @@ def main() -> None:
                         help="examples trained first, untimed: the broker's JVM compiles its hot paths")
     parser.add_argument("--model", default="trainer.models:LogisticRegression")
     parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--commit-every", type=int, default=0)
     parser.add_argument("--bare-runs", type=int, default=3, choices=range(1, 11), metavar="1..10",
                         help="bare loops before and after the trainer")
     parser.add_argument("--task-records", type=int, help="the job's tasks.max_records (default: the job default)")

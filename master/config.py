@@ -359,28 +359,25 @@ class TrainSection:
         sgd: ``async``, ``sync`` (pservers apply step k once every live trainer's step k
             arrived) or ``bounded`` (a trainer more than ``staleness`` steps ahead waits).
         staleness: the bound for ``sgd = "bounded"`` (>= 1 there, 0 otherwise).
-        delivery: ``exactly_once`` (transactional deltas, deduplicated by the pservers) or
-            ``at_least_once`` (lower latency; a re-run task may apply part of its gradient twice).
+        delivery: either way the deltas are produced as they are made and each pserver
+            applies each ``(task_id, seq)`` once, so every example reaches every parameter
+            exactly once across kills and redone tasks. ``exactly_once`` also commits a task's
+            DLQ letters and metrics record in one Kafka transaction at its end (an attempt that
+            dies leaves none); ``at_least_once`` produces them at once (a redone task can
+            repeat them), for brokers without transactions.
         push_every: push every n mini-batches, each still a step of the update rule, with
             one pull of their rows at the start.
         pull_every: pull the dense parameters at a push's start once m mini-batches have
             trained since their last pull.
-        max_in_flight: async only: how many of its own pushes a trainer may have handed to
-            its committer and not yet seen published by every shard when it goes on to the
-            next mini-batch; it waits for the shards otherwise, never for other trainers. 0
-            (the default): with a commit every push (the default), each mini-batch trains on
-            parameters that include every push of its trainer, exactly, and the others'
-            published ones; pushes not yet handed to the committer (``commit_every`` > 1 or
-            0) are not waited for. Above 0 a trainer runs
+        max_in_flight: async only: how many of its own pushes a trainer may have sent and not
+            yet seen published by every shard when it goes on to the next mini-batch; it waits
+            for the shards otherwise, never for other trainers. 0 (the default): each
+            mini-batch trains on parameters that include every push of its trainer, exactly,
+            and the others' published ones. Above 0 a trainer runs
             ahead of a slow pipeline and adds its pushes' estimated dense changes
             (trainer/own.py); its rows miss them. Unbounded, two trainers were up to 10
             pushes apart and 0.01 AUC behind one process (bench/RESULTS.md). Must be 0 when
             sync or bounded, which wait their own way.
-        commit_every: exactly-once only: k >= 1 = hand every k pushes to the trainer's
-            committer thread, which commits whatever has gathered in one transaction as soon as
-            its last one is done (a push reaches the other trainers milliseconds after it is
-            made, and a transaction carries more pushes as the rate rises); 0 = one transaction
-            per task, at its end (other trainers see a task's pushes only then).
         learning_rate: the optimizer's step size, applied by the pservers.
         torch_threads: a trainer's intra-op threads for forward and backward; 0 = torch's
             default (one per core).
@@ -392,7 +389,6 @@ class TrainSection:
     push_every: int = 1
     pull_every: int = 1
     max_in_flight: int = 0
-    commit_every: int | None = None  # None: 1 with exactly-once delivery, else 0
     learning_rate: float = 0.05
     # One: at the built-in models' sizes, a second intra-op thread costs more in hand-offs than
     # it saves, and the trainer's own threads (reading, pulling, committing) need the cores.
@@ -402,12 +398,9 @@ class TrainSection:
         sgd = _choice("train.sgd", self.sgd, ("async", "sync", "bounded"))
         _int("train.torch_threads", self.torch_threads, 0)
         staleness = _int("train.staleness", self.staleness, 0)
-        delivery = _choice("train.delivery", self.delivery, ("exactly_once", "at_least_once"))
+        _choice("train.delivery", self.delivery, ("exactly_once", "at_least_once"))
         _int("train.push_every", self.push_every, 1)
         _int("train.pull_every", self.pull_every, 1)
-        if self.commit_every is None:
-            _fix(self, commit_every=1 if delivery == "exactly_once" else 0)
-        commit_every = _int("train.commit_every", self.commit_every, 0)
         _fix(self, learning_rate=_positive("train.learning_rate", self.learning_rate))
         # A setting that cannot take effect is refused like a typo: the user believes it works.
         if sgd == "bounded" and staleness < 1:
@@ -420,11 +413,6 @@ class TrainSection:
         if sgd != "async" and max_in_flight != 0:
             reason = f"only applies when train.sgd = 'async' (it is {sgd!r}, which waits its own way); remove it"
             raise JobConfigError("train.max_in_flight", reason)
-        if delivery != "exactly_once" and commit_every != 0:
-            raise JobConfigError(
-                "train.commit_every",
-                f"only applies when train.delivery = 'exactly_once' (it is {delivery!r}); remove it",
-            )
 
 
 @dataclass(frozen=True)
@@ -667,6 +655,14 @@ def _build(data: dict[str, Any], source: str) -> JobConfig:
         raise JobConfigError(exc.key, exc.reason, source) from None
 
 
+# Keys that meant something once: a job file that still sets one is told what became of it.
+_REMOVED = {
+    "train.commit_every": "removed: deltas are no longer committed in Kafka transactions; each is produced "
+                          "as it is made and applied once by the pservers' ledger (docs/job-config.md, "
+                          "train.delivery); remove the key",
+}
+
+
 def _reject_unknown(data: dict[str, Any]) -> None:
     """Name every unknown section and key at once, each with the closest known key, if any."""
     problems: list[tuple[str, str]] = []
@@ -676,7 +672,9 @@ def _reject_unknown(data: dict[str, Any]) -> None:
             problems.append((name, what + _suggest_section(name)))
         elif isinstance(data[name], dict):
             for key in data[name]:
-                if key not in _KEYS[name]:
+                if f"{name}.{key}" in _REMOVED:
+                    problems.append((f"{name}.{key}", _REMOVED[f"{name}.{key}"]))
+                elif key not in _KEYS[name]:
                     problems.append((f"{name}.{key}", "unknown key" + _suggest_key(name, key)))
     if problems:
         (key, reason), rest = problems[0], problems[1:]

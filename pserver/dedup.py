@@ -1,18 +1,20 @@
 """Which gradient deltas a shard has applied: `(task_id, seq)` exactly once, in bounded memory.
 
 Why a max per task is enough: a trainer cuts a task into deterministic push groups numbered
-0, 1, 2, … and commits them in order through one transactional producer, so every attempt of
-a task delivers its groups to a shard in increasing `seq` (a shard may get no delta for some
-group). The applied seqs of a task are therefore exactly those up to the highest applied one:
-a delta is new iff its seq is above that. A re-run attempt, or a zombie resuming after its
-task was requeued, repeats seqs already applied and is dropped.
+0, 1, 2, … and sends them in order through one idempotent producer that leaves no gaps
+(trainer/delivery.py), so every attempt of a task delivers its groups to a shard in increasing
+`seq` (a shard may get no delta for some group, the same in every attempt). Two attempts'
+copies may interleave; the first copy of each `seq` to arrive is applied and the later one
+dropped, because a delta is new iff its seq is above the highest applied for its task: for a
+copy to be dropped wrongly, a higher seq would have had to arrive first from both attempts,
+which their order forbids. A re-run attempt, or a zombie resuming after its task was
+requeued, repeats seqs already applied and is dropped.
 
 Why memory stays bounded: once the master's watermark for a partition has passed a task, the
 task is complete and no delta of it can be new. The shard folds the per-task entries below the
-watermark away, but only after it has consumed everything that was committed when it read the
-watermark — up to the log end, not the stable end, which a dead trainer's open transaction holds back
-(a trainer commits its last delta before it completes the task, so that is enough:
-folding earlier could drop a delta still in flight).
+watermark away, but only after it has consumed everything written when it read the
+watermark — up to the log end (a trainer has every delta of a task acknowledged before it
+completes the task, so that is enough: folding earlier could drop a delta still in flight).
 """
 
 from __future__ import annotations

@@ -338,9 +338,9 @@ class PserverShard:
                              attempts)
 
     def _log_end(self) -> int:
-        """Past every delta written so far. Consuming up to it (read_committed) means every
-        delta committed before the call was seen, even behind a transaction a killed trainer
-        left open: the stable end stops at that transaction until the broker aborts it."""
+        """Past every delta written so far. Consuming up to it means every delta written before
+        the call was seen; the stable end would stop short of it at any transaction left open
+        on the topic until the broker aborts it."""
         return self._retried(lambda: self.admin.log_ends([(self.grad_topic, 0)])[(self.grad_topic, 0)])
 
     def _retried(self, query, attempts: int = 30):

@@ -104,7 +104,6 @@ dense_features = {model.dense_features}
 batch_size = 256
 
 [train]
-commit_every = 1
 learning_rate = 0.1
 
 [pservers]

@@ -80,10 +80,10 @@ class _TrainerFamilies:
                                  "Forward, backward and gradient accumulation per mini-batch", labels,
                                  buckets=LATENCY_BUCKETS)
         self.push = Histogram("streamtrain_trainer_push_seconds",
-                              "Building and queueing one push group's deltas (with its commit when one is due)",
+                              "Building and producing one push group's deltas, and the wait after it for pushes in flight",
                               labels, buckets=LATENCY_BUCKETS)
         self.commit = Histogram("streamtrain_trainer_commit_seconds",
-                                "Committing the queued deltas to Kafka (a transaction, or a flush)", labels,
+                                "Waiting for the broker's acknowledgement of the deltas handed, and a task's side outputs' transaction", labels,
                                 buckets=LATENCY_BUCKETS)
         self.loss = Gauge("streamtrain_trainer_task_loss", "Mean log loss of the last committed task", labels)
         self.auc = Gauge("streamtrain_trainer_task_auc",

@@ -1,22 +1,20 @@
-"""Making a trainer's pushes visible in the background: Kafka transactions, then a task's
-completion in etcd, while the trainer trains on.
+"""Finishing a trainer's pushes and tasks in the background: waiting for the broker's
+acknowledgements, committing a task's side outputs, then completing it in etcd, while the
+trainer trains on.
 
-The training thread hands each push group over as it is made (`hand`) and never waits for a
-broker round trip. The committer's one thread commits whatever has been handed since its last
-transaction in one transaction: with commits quick next to a mini-batch every group goes out
-alone, a few milliseconds after it was computed; when they are slower, a transaction carries
-several groups, so the broker's cost per record falls as the rate rises instead of the trainer
-stalling. A task's end (`end`) commits its last messages, then completes it in etcd, after
-every group handed before it. Every use of the transactional producer runs on that one
-thread, in the order handed, so transactions never overlap and a task's groups reach each
-shard in `seq` order (pserver/dedup.py relies on it).
+The training thread hands each push over once its deltas are produced (`hand`) and never waits
+for a broker round trip. The committer's one thread runs `Delivery.commit` for whatever has been
+handed since its last one: every delta sent so far acknowledged (and, at a task's end, its DLQ
+letters and metrics record committed). A task's end (`end`) is completed in etcd only after
+that, and after every push handed before it, so a completed task's groups are all in the shards'
+topics (pserver/dedup.py folds its ledger on that).
 
 A zombie (a trainer frozen past its task's timeout, then resumed) learns that it lost its task
 from a heartbeat: the trainer's own every third of the timeout, and the committer's before it
-completes a task. Groups it commits meanwhile are dropped by the shards' ledger: the rescuer's
+completes a task. Groups it sends meanwhile are dropped by the shards' ledger: the rescuer's
 copies of a group and the zombie's share `(task_id, seq)`, and the first to arrive is the one
-applied. A failed transaction fails the tasks whose groups it carried; the trainer learns it
-at its next `hand` or `raise_failed`.
+applied. A failed commit fails the tasks whose pushes it covered; the trainer learns it at its
+next `hand` or `raise_failed`.
 """
 
 from __future__ import annotations
@@ -71,29 +69,18 @@ class Committer:
         self._failed: dict[str, DeliveryError] = {}  # task id -> why its groups were not committed
         self._error: BaseException | None = None  # a bug on the thread, raised to the caller
         self._closed = False
-        self.transactions = 0
         self._thread = threading.Thread(target=self._run, name="commit", daemon=True)
         self._thread.start()
 
     # -- the training thread ---------------------------------------------------------------
-    def hand(self, task_id: str, messages: Messages) -> None:
-        """Commit `messages` (groups of `task_id`) in the background, with whatever else waits.
-        Raises the DeliveryError of an earlier hand of this task that failed."""
+    def hand(self, task_id: str) -> None:
+        """Wait for the acknowledgement of a push of `task_id` in the background, with whatever
+        else waits. Raises the DeliveryError of an earlier push of this task that failed."""
         self.raise_failed(task_id)
         with self._cond:
             self._wait_until(lambda: sum(i.end is None for i in self._queue) < self._max_handed)
-            self._queue.append(_Item(task_id, messages))
+            self._queue.append(_Item(task_id, []))
             self._cond.notify_all()
-
-    def commit(self, task_id: str, messages: Messages) -> None:
-        """Commit now, after everything handed before. Raises DeliveryError."""
-        item = _Item(task_id, messages)
-        with self._cond:
-            self._queue.append(item)
-            self._cond.notify_all()
-        item.done.wait()
-        self._raise_error()
-        self.raise_failed(task_id)
 
     def end(self, task: ClaimedTask, messages: Messages, metrics: TaskMetrics) -> None:
         """Commit `messages`, then complete `task`, in the background."""
@@ -103,7 +90,7 @@ class Committer:
             self._cond.notify_all()
 
     def drop(self, task_id: str) -> None:
-        """Forget the groups of `task_id` not yet taken for a transaction (an attempt given up)."""
+        """Forget the groups of `task_id` not yet taken for a commit (an attempt given up)."""
         with self._cond:
             self._queue = deque(i for i in self._queue if i.task_id != task_id or i.end is not None)
             self._failed.pop(task_id, None)
@@ -164,7 +151,7 @@ class Committer:
                 self._cond.notify_all()
 
     def _take(self) -> list[_Item]:
-        """Everything queued up to and including the first task end: one transaction."""
+        """Everything queued up to and including the first task end: one commit."""
         items = []
         while self._queue:
             items.append(self._queue.popleft())
@@ -196,7 +183,6 @@ class Committer:
         started = time.perf_counter()
         try:
             self._delivery.commit(messages)
-            self.transactions += 1
         except DeliveryError as exc:
             with self._cond:
                 for item in items:

@@ -1,140 +1,168 @@
-"""How a trainer's messages reach Kafka: in transactions (exactly-once) or as produced
-(at-least-once).
+"""How a trainer's messages reach Kafka.
 
-Exactly-once keeps a group's messages in memory and opens the transaction only to produce
-and commit them, so a transaction is open for milliseconds: a trainer killed mid-task leaves
-no open transaction holding back the pservers' read_committed consumers (only one killed
-inside those milliseconds does, until the broker aborts it after `transaction.timeout.ms`,
-or at once when a trainer with the same id starts again and fences it).
+Gradient deltas are produced as they are made (`send`), through an idempotent producer that
+never gives up on a message (`message.timeout.ms` 0) and stops rather than leave a gap
+(`enable.gapless.guarantee`): each shard's topic gets a producer's deltas in the order sent,
+once each. Every attempt of a task sends its push groups in `seq` order, so the shards' ledger
+(pserver/dedup.py) applies each `(task_id, seq)` exactly once, whichever attempt's copy
+arrives first: a redone task, a zombie, or one producer's deltas arriving after a failed
+commit add nothing twice. That is all exactly-once parameters need, and it is cheap: a Kafka
+transaction per push had cost the broker 1.5 ms of CPU more than the produce itself, a
+quarter of the whole job's CPU a record (bench/RESULTS.md, 2026-11-23).
+
+What the ledger does not cover is a task's side outputs, its DLQ letters and its metrics
+record (`add`). Under `exactly_once` they wait for the task's commit and go out in one
+transaction, so an attempt that dies before its end leaves none of them; under
+`at_least_once` they are produced at once, and a redone task can repeat them.
+
+`commit` is what a task's completion waits for: every delta sent so far acknowledged, then the
+side outputs. A producer that fails for good (a fatal error, or a message the broker refused)
+raises `DeliveryBroken`, which stops the trainer: going on could leave a gap that the ledger
+would then make permanent, and its tasks are redone by others after their timeout.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+import threading
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from infra import Endpoints
 
 log = logging.getLogger(__name__)
 
 TRANSACTION_TIMEOUT_MS = 10_000
+ACK_TIMEOUT_S = 30.0
 
 Messages = list[tuple[str, bytes, bytes | None]]  # (topic, value, key)
 
 
 class DeliveryError(RuntimeError):
-    """Messages could not be committed; nothing of the group is visible to read_committed readers."""
+    """Messages not acknowledged or side outputs not committed: the task must not complete."""
 
 
-class Delivery(Protocol):
-    def add(self, topic: str, value: bytes, key: bytes | None = None) -> None:
-        """A message of the group being built."""
-
-    def take(self) -> Messages:
-        """The group's messages not yet sent, handed to `commit` (possibly from another thread)."""
-
-    def commit(self, messages: Messages) -> None:
-        """Make a taken group visible. Raises DeliveryError."""
-
-    def discard(self) -> None:
-        """Drop the group being built."""
-
-    def close(self) -> None: ...
+class DeliveryBroken(RuntimeError):
+    """The delta producer failed for good; the trainer must stop."""
 
 
-class TransactionalDelivery:
-    def __init__(self, endpoints: Endpoints, transactional_id: str) -> None:
-        self._config = {
-            "bootstrap.servers": endpoints.kafka,
-            "transactional.id": transactional_id,
-            "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
-            "linger.ms": 5,
-            "compression.type": "lz4",
-        }
-        self._producer = self._new_producer()
+class Delivery:
+    """One trainer's producers: deltas through an idempotent one, side outputs through a
+    transactional one (`transactional_id` given, exactly-once) or the same idempotent one."""
+
+    def __init__(self, endpoints: Endpoints, transactional_id: str | None) -> None:
+        self._broken: str | None = None
+        self._lock = threading.Lock()
+        self._producer = Producer({
+            "bootstrap.servers": endpoints.kafka, "enable.idempotence": True,
+            "enable.gapless.guarantee": True, "message.timeout.ms": 0,
+            # Each push is flushed by the committer at once; the linger only groups a push's
+            # messages to the shards into one request.
+            "linger.ms": 5, "error_cb": self._on_error,
+        })
+        self._side: Producer | None = None
+        self._side_config: dict[str, object] = {}
+        if transactional_id is not None:
+            self._side_config = {"bootstrap.servers": endpoints.kafka, "transactional.id": transactional_id,
+                                 "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS}
+            self._side = self._new_side()
         self._buffer: Messages = []
 
-    def _new_producer(self) -> Producer:
-        producer = Producer(self._config)
-        # Fences any earlier producer with this id and aborts its open transaction.
-        producer.init_transactions(30)
-        return producer
+    # -- the training thread ---------------------------------------------------------------
+    def send(self, topic: str, value: bytes, key: bytes | None = None) -> None:
+        """A gradient delta: produced now, after every delta sent before it."""
+        self._raise_broken()
+        self._produce(topic, value, key)
 
     def add(self, topic: str, value: bytes, key: bytes | None = None) -> None:
-        self._buffer.append((topic, value, key))
+        """A side output of the task being trained: kept for its commit (exactly-once) or
+        produced now (at-least-once)."""
+        if self._side is None:
+            self._raise_broken()
+            self._produce(topic, value, key)
+        else:
+            self._buffer.append((topic, value, key))
 
     def take(self) -> Messages:
+        """The side outputs not yet committed, handed to `commit` (possibly from another thread)."""
         taken, self._buffer = self._buffer, []
         return taken
 
+    def discard(self) -> None:
+        """Drop the side outputs of an attempt given up. Its deltas are out already: the
+        ledger drops whichever copy of each group arrives second."""
+        self._buffer.clear()
+
+    # -- the committer's thread ------------------------------------------------------------
     def commit(self, messages: Messages) -> None:
-        """All of `messages` in one transaction. Only ever called from one thread at a time."""
+        """Wait until every delta sent so far is acknowledged, then commit `messages` (taken
+        side outputs) in one transaction. Raises DeliveryError, or DeliveryBroken."""
+        remaining = self._producer.flush(ACK_TIMEOUT_S)
+        self._raise_broken()
+        if remaining:
+            # They stay queued and arrive in order later; the task is redone meanwhile.
+            raise DeliveryError(f"{remaining} messages unacknowledged after {ACK_TIMEOUT_S:.0f} s")
         if not messages:
             return
+        assert self._side is not None, "side outputs are only taken under exactly-once"
         try:
-            self._producer.begin_transaction()
+            self._side.begin_transaction()
             for topic, value, key in messages:
-                self._produce(topic, value, key)
-            self._producer.commit_transaction(30)
+                self._produce(topic, value, key, self._side)
+            self._side.commit_transaction(30)
         except KafkaException as exc:
             self._recover(exc)
             raise DeliveryError(f"transaction failed: {exc.args[0].str()}") from exc
 
-    def _produce(self, topic: str, value: bytes, key: bytes | None) -> None:
+    def close(self) -> None:
+        self._buffer.clear()
+        self._producer.flush(10)
+        if self._side is not None:
+            self._side.flush(10)
+
+    # -- inside ----------------------------------------------------------------------------
+    def _produce(self, topic: str, value: bytes, key: bytes | None, producer: Producer | None = None) -> None:
+        producer = producer or self._producer
+        callback = self._on_delivery if producer is self._producer else None
         while True:
             try:
-                self._producer.produce(topic, value, key, partition=0)
-                return
+                producer.produce(topic, value, key, partition=0, on_delivery=callback)
+                break
             except BufferError:
-                self._producer.poll(0.05)  # local queue full: let it drain
+                producer.poll(0.05)  # local queue full: let it drain
+        producer.poll(0)
+
+    def _on_delivery(self, err: KafkaError | None, msg) -> None:
+        if err is not None:
+            self._break(f"a message to {msg.topic()} was refused: {err.str()}")
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self._break(f"fatal producer error: {err.str()}")
+
+    def _break(self, why: str) -> None:
+        with self._lock:
+            if self._broken is None:
+                self._broken = why
+                log.error("delta producer broken: %s", why)
+
+    def _raise_broken(self) -> None:
+        if self._broken is not None:
+            raise DeliveryBroken(self._broken)
+
+    def _new_side(self) -> Producer:
+        producer = Producer(self._side_config)
+        # Fences any earlier producer with this id and aborts its open transaction.
+        producer.init_transactions(30)
+        return producer
 
     def _recover(self, exc: KafkaException) -> None:
         error = exc.args[0]
         if error.txn_requires_abort():
             try:
-                self._producer.abort_transaction(30)
+                self._side.abort_transaction(30)
                 return
             except KafkaException:
                 pass
         log.warning("transactional producer unusable (%s); starting a new one", error.str())
-        self._producer = self._new_producer()
-
-    def discard(self) -> None:
-        self._buffer.clear()
-
-    def close(self) -> None:
-        self._buffer.clear()
-        self._producer.flush(10)
-
-
-class AtLeastOnceDelivery:
-    """Produced as soon as added; `commit` waits for the broker's acknowledgements."""
-
-    def __init__(self, endpoints: Endpoints) -> None:
-        self._producer = Producer({"bootstrap.servers": endpoints.kafka, "enable.idempotence": True,
-                                   "linger.ms": 5, "compression.type": "lz4"})
-
-    def add(self, topic: str, value: bytes, key: bytes | None = None) -> None:
-        while True:
-            try:
-                self._producer.produce(topic, value, key, partition=0)
-                break
-            except BufferError:
-                self._producer.poll(0.05)
-        self._producer.poll(0)
-
-    def take(self) -> Messages:
-        return []  # already sent
-
-    def commit(self, messages: Messages) -> None:
-        """Wait for the acknowledgement of everything sent so far (the taken group included)."""
-        if self._producer.flush(30) > 0:
-            raise DeliveryError("messages still unacknowledged after 30 s")
-
-    def discard(self) -> None:
-        """Already sent: at-least-once cannot take them back (the trade-off it makes)."""
-
-    def close(self) -> None:
-        self._producer.flush(10)
+        self._side = self._new_side()

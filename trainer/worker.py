@@ -4,11 +4,10 @@ Per task: records are decoded (bad ones dead-lettered), cut into mini-batches of
 `model.batch_size` good examples in offset order, and mini-batches into push groups of
 `train.push_every`; group g carries `(task_id, seq=g)`. The cut depends only on the records,
 so every attempt of a task produces the same keys and the pservers apply each group once.
-With exactly-once delivery the groups are committed in Kafka transactions by a background
-thread (trainer/committer.py: each group as it is made, several in one transaction when commits
-are slower than mini-batches; or once at the end of the task with `train.commit_every` 0), and
-the task is completed in etcd only after its last commit. What a pull misses of this trainer's
-own pushes' dense changes is added to it (trainer/own.py).
+Each group's deltas are produced as it is made (trainer/delivery.py); a background thread
+(trainer/committer.py) waits for their acknowledgement and commits the task's side outputs,
+and the task is completed in etcd only after that. What a pull misses of this trainer's own
+pushes' dense changes is added to it (trainer/own.py).
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ from pserver.sharding import SlotMap
 from schemas import DeadLetter, EtcdKeys, Topics
 from streamtrain.observability import TrainerMetrics
 from trainer.committer import Committer, Ended
-from trainer.delivery import AtLeastOnceDelivery, DeliveryError, TransactionalDelivery
+from trainer.delivery import Delivery, DeliveryError
 from trainer.features import Batch, MiniBatches, pool
 from trainer.feed import Chunk, TaskFeed
 from trainer.loader import BadRecord, Loaded, LoaderSpec, RecordLoader
@@ -185,10 +184,8 @@ class Trainer:
                                   max_wait_s=max(1.0, config.tasks.timeout_s / 3)
                                   ) if config.train.sgd == "async" else None
         self.step = self.gate.first_step() if self.gate.active else self.own.first_step(client.applied())
-        if config.train.delivery == "exactly_once":
-            self.delivery = TransactionalDelivery(self.endpoints, f"{config.name}.trainer.{self.trainer_id}")
-        else:
-            self.delivery = AtLeastOnceDelivery(self.endpoints)
+        self.delivery = Delivery(self.endpoints, f"{config.name}.trainer.{self.trainer_id}"
+                                 if config.train.delivery == "exactly_once" else None)
         self.committer = Committer(self.delivery, self.tasks, self._ended)
         try:
             self.loader.wait_ready()
@@ -300,7 +297,7 @@ class Trainer:
         messages stay in `self.delivery` for the committer."""
         task = self._task = first.task
         metrics = self._metrics = TaskMetrics(task.task_id, self.trainer_id, task.record.attempt)
-        self._seq = self._since_commit = 0
+        self._seq = 0
         self._heartbeat_at = first.claimed_at
         if time.monotonic() - self._heartbeat_at > self.config.tasks.timeout_s / 3:
             self._heartbeat()  # it waited in the feed: still ours?
@@ -441,23 +438,17 @@ class Trainer:
         task_id = self._task.task_id
         self.committer.raise_failed(task_id)
         for delta in self.buffer.deltas(task_id, self._seq, self.trainer_id, self.step, examples):
-            self.delivery.add(self.topics.grad(delta.shard), delta.to_bytes(), task_id.encode())
+            self.delivery.send(self.topics.grad(delta.shard), delta.to_bytes(), task_id.encode())
         self.own.pushed(self.step, task_id)
         self._seq += 1
         pushed, self.step = self.step, self.step + 1
-        self._since_commit += 1
-        commit_every = self.config.train.commit_every
+        # The committer waits for the push's acknowledgement; the training thread never does.
+        # The task's side outputs wait for its end.
+        self.committer.hand(task_id)
         if self.gate.active:
-            # Sync and bounded modes commit every push and wait for the shards to publish it
-            # (which they do only once it is committed).
-            self.committer.hand(task_id, self.delivery.take())
-            self._since_commit = 0
             self.step = self.gate.after_push(pushed, lambda: self.committer.raise_failed(task_id))
-        elif self.config.train.delivery == "at_least_once" or (commit_every and self._since_commit >= commit_every):
-            self.committer.hand(task_id, self.delivery.take())
-            self._since_commit = 0
-            if self.in_flight is not None:
-                self.in_flight.wait(self.own, pushed, lambda: self.committer.raise_failed(task_id))
+        elif self.in_flight is not None:
+            self.in_flight.wait(self.own, pushed, lambda: self.committer.raise_failed(task_id))
         if time.monotonic() - self._heartbeat_at > self.config.tasks.timeout_s / 3:
             self._heartbeat()
         elapsed = time.perf_counter() - started

@@ -84,7 +84,7 @@ def make_job(name: str, topic: str, tmp_path: Path, **train):
                       model={"factory": train.pop("factory", "trainer.models:LogisticRegression"),
                              "sparse_fields": list(MODEL.fields), "dense_features": MODEL.dense_features,
                              "batch_size": train.pop("batch_size", 256)},
-                      train={"commit_every": 1, "learning_rate": 0.1, **train},
+                      train={"learning_rate": 0.1, **train},
                       pservers={"count": 2, "checkpoint_uri": (tmp_path / name).as_uri()})
 
 
@@ -196,7 +196,7 @@ def test_pushes_every_n_and_dense_pulls_every_m_mini_batches(services, etcd, red
     train_group = Trainer._train_group
     monkeypatch.setattr(Trainer, "_train_group", lambda self, batches: (
         sizes.append(len(batches)), train_group(self, batches))[1])
-    config = make_job(unique("every"), topic, tmp_path, push_every=3, pull_every=3, commit_every=0)
+    config = make_job(unique("every"), topic, tmp_path, push_every=3, pull_every=3)
     train_one_pass(services, redis_conn, config, topic, counts, trainers=1, timeout_s=120)
     batch = config.model.batch_size
     groups = 0
@@ -229,8 +229,8 @@ def test_at_least_once_delivery_trains_without_transactions(services, etcd, redi
     train = MODEL.examples(8_000)
     topic = topic_factory("alo", partitions=2)
     counts = write_examples(services, topic, [e.to_json() for e in train], 2)
-    config = make_job(unique("alo"), topic, tmp_path, delivery="at_least_once", commit_every=0)
-    # No fault, so at-least-once happens to be exactly once here.
+    config = make_job(unique("alo"), topic, tmp_path, delivery="at_least_once")
+    # No fault: nothing is redone, so not even its side outputs repeat here.
     train_one_pass(services, redis_conn, config, topic, counts, trainers=1, timeout_s=120)
 
 
@@ -293,12 +293,12 @@ def committed_groups(services: Endpoints, topic: str) -> dict[tuple[str, int], l
     return groups
 
 
-def assert_each_task_applied_once(services: Endpoints, redis_conn, job: str, counts: dict[int, int],
-                                  redone_groups: bool) -> None:
+def assert_each_task_applied_once(services: Endpoints, redis_conn, job: str, counts: dict[int, int]) -> None:
     """Per task, from what the shards read: the first copies of its groups add up to its range
-    (all records are good), each range once, the ranges tile the partitions; and every later
-    copy is one the shard counted as a dropped duplicate (once it has read that far: the
-    redo's copies can come last, after the counts were already exact)."""
+    (all records are good), each range once, the ranges tile the partitions; some groups came
+    twice (the victim's and the redo's), and every later copy is one the shard counted as a
+    dropped duplicate (once it has read that far: the redo's copies can come last, after the
+    counts were already exact)."""
     for shard in range(2):
         groups = committed_groups(services, Topics(job).grad(shard))
         applied: dict[str, int] = {}
@@ -313,7 +313,7 @@ def assert_each_task_applied_once(services: Endpoints, redis_conn, job: str, cou
                 itertools.accumulate((n for _, n in ranges[:-1]), initial=0)), (shard, partition, ranges)
             assert sum(n for _, n in ranges) == total, (shard, partition, ranges)
         duplicates = sum(len(copies) - 1 for copies in groups.values())
-        assert duplicates > 0 or not redone_groups, shard
+        assert duplicates > 0, shard
         wait_for(lambda: shard_stats(redis_conn, job)[shard].get("dropped") == duplicates, 30,
                  f"shard {shard} dropping the {duplicates} later copies")
 
@@ -324,12 +324,12 @@ def victim_tasks(etcd: Etcd, job: str) -> set[str]:
             if task["trainer_id"] == "victim"}
 
 
-def victim_mid_task(services: Endpoints, etcd: Etcd, job: str, committed: bool, below: int) -> str | None:
-    """A task the victim holds; with `committed`, one of which some but fewer than `below`
-    groups are committed (on either shard)."""
+def victim_mid_task(services: Endpoints, etcd: Etcd, job: str, below: int) -> str | None:
+    """A task the victim holds, of which some but fewer than `below` groups are in a shard's
+    topic."""
     held = victim_tasks(etcd, job)
-    if not committed or not held:
-        return next(iter(sorted(held)), None)
+    if not held:
+        return None
     for shard in range(2):
         seqs: dict[str, int] = {}
         for task_id, _ in committed_groups(services, Topics(job).grad(shard)):
@@ -348,25 +348,20 @@ def trainer_process(services, job: str, name: str, log_dir: Path) -> Streamtrain
     return StreamtrainProcess(services, ["trainer", "--job", job, "--id", name, "--lease-ttl-s", "2"], name, log_dir)
 
 
-DELIVERY = {"commit_every_push": {"commit_every": 1}, "commit_per_task": {"commit_every": 0},
-            "at_least_once": {"commit_every": 0, "delivery": "at_least_once"}}
+DELIVERY = {"exactly_once": {}, "at_least_once": {"delivery": "at_least_once"}}
 
 
 @pytest.mark.parametrize("delivery", list(DELIVERY))
 @pytest.mark.parametrize("fault", ["sigkill", "sigstop", "sigterm"])
 def test_a_task_redone_after_a_killed_or_frozen_trainer_is_applied_exactly_once(
         fault, delivery, services, etcd, redis_conn, topic_factory, unique, tmp_path) -> None:
-    """With a commit every push the fault lands after some of the task's groups were committed,
-    so the redo's copies of them must be dropped. With one commit per task (the default: async,
-    the last commit and the completion on the committer's thread, the next task claimed ahead)
-    the fault lands in an uncommitted task, and the claimed-ahead one must be redone too. At
-    least once, every group is visible as soon as it is sent: the shards' (task_id, seq) ledger
-    is all that keeps the redo's copies out."""
-    redone_groups = delivery != "commit_per_task"
+    """The fault lands after some of the task's groups reached the shards' topics (deltas go out
+    as they are made, in either delivery mode), so the redo's copies of them must be dropped:
+    the shards' (task_id, seq) ledger is all that keeps them out."""
     train = MODEL.examples(12_000)
     topic = topic_factory("faults", partitions=2)
     counts = write_examples(services, topic, [e.to_json() for e in train], 2)
-    # Long tasks of many small push groups: the fault lands mid-task, after some commits.
+    # Long tasks of many small push groups: the fault lands mid-task, after some pushes.
     config = make_job(unique(fault), topic, tmp_path, max_records=3000, batch_size=16, timeout_s=4,
                       **DELIVERY[delivery])
     coord, background = Etcd.connect(services), Background()
@@ -382,8 +377,7 @@ def test_a_task_redone_after_a_killed_or_frozen_trainer_is_applied_exactly_once(
         # committed fewer than half its groups. No trainer completes the rest of such a task,
         # let alone the rest of the input, between this check and the signal.
         groups_per_task = -(-3000 // 16)
-        held = wait_for_value(lambda: victim_mid_task(services, coord, config.name, redone_groups,
-                                                      groups_per_task // 2), 90,
+        held = wait_for_value(lambda: victim_mid_task(services, coord, config.name, groups_per_task // 2), 90,
                               "the victim holding a task part-way", interval=0.02)
         victim.kill({"sigkill": signal.SIGKILL, "sigstop": signal.SIGSTOP, "sigterm": signal.SIGTERM}[fault])
         if fault == "sigterm":  # a clean stop: the task is released at once, not left to time out
@@ -397,16 +391,10 @@ def test_a_task_redone_after_a_killed_or_frozen_trainer_is_applied_exactly_once(
         background.start(lambda stop: Trainer(services, config.name, "rescuer", lease_ttl_s=2).run(stop))
         if fault == "sigstop":
             # Resume the zombie once its task has been requeued and redone by the rescuer.
-            if redone_groups:
-                wait_for(lambda: shard_stats(redis_conn, config.name)[0].get("dropped", 0) > 0, 60,
-                         "the rescuer redoing the victim's task", interval=0.1)
-            else:
-                wait_for(lambda: finished(coord, config.name), 120, "the rescuer redoing the victim's tasks",
-                         interval=0.2)
+            wait_for(lambda: shard_stats(redis_conn, config.name)[0].get("dropped", 0) > 0, 60,
+                     "the rescuer redoing the victim's task", interval=0.1)
             victim.kill(signal.SIGCONT)
         wait_for(lambda: finished(coord, config.name), 120, "the job's single pass", interval=0.5)
-        # A victim killed inside a commit holds the shards back until the broker aborts its
-        # transaction (transaction.timeout.ms, 10 s).
         wait_for(lambda: applied_exactly(redis_conn, config.name, counts, topic), 60,
                  "every example applied exactly once")
         if fault == "sigstop":
@@ -417,7 +405,7 @@ def test_a_task_redone_after_a_killed_or_frozen_trainer_is_applied_exactly_once(
                      "the resumed victim to learn its task was lost")
             victim.kill(signal.SIGTERM)
             assert victim.wait(30) == 0
-        assert_each_task_applied_once(services, redis_conn, config.name, counts, redone_groups)
+        assert_each_task_applied_once(services, redis_conn, config.name, counts)
         assert applied_exactly(redis_conn, config.name, counts, topic)  # the copies added nothing
     finally:
         victim.kill(signal.SIGKILL)

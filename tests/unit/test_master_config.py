@@ -144,7 +144,6 @@ def test_minimal_job_file_takes_every_documented_default():
             "push_every": 1,
             "pull_every": 1,
             "max_in_flight": 0,
-            "commit_every": 1,
             "learning_rate": 0.05,
             "torch_threads": 1,
         },
@@ -194,10 +193,9 @@ def test_module_callable_references_are_accepted_for_format_and_optimizer():
     assert config.pservers.optimizer == "opt.rules:Lamb.build"
 
 
-def test_bounded_sgd_with_staleness_and_exactly_once_commit_cadence_load():
-    doc = with_keys(train={"sgd": "bounded", "staleness": 4, "commit_every": 8})
-    config = JobConfig.from_toml(to_toml(doc))
-    assert (config.train.staleness, config.train.commit_every) == (4, 8)
+def test_bounded_sgd_with_staleness_loads():
+    doc = with_keys(train={"sgd": "bounded", "staleness": 4})
+    assert JobConfig.from_toml(to_toml(doc)).train.staleness == 4
 
 
 def test_config_and_sections_are_frozen_and_hashable():
@@ -295,7 +293,6 @@ BAD_VALUES = [
     ("train", "delivery", "exactly-once", "train.delivery", "one of exactly_once, at_least_once"),
     ("train", "push_every", 0, "train.push_every", "integer >= 1"),
     ("train", "pull_every", 0, "train.pull_every", "integer >= 1"),
-    ("train", "commit_every", -1, "train.commit_every", "integer >= 0"),
     ("train", "max_in_flight", -1, "train.max_in_flight", "integer in 0..255"),
     ("train", "max_in_flight", 256, "train.max_in_flight", "integer in 0..255"),
     ("train", "learning_rate", 0, "train.learning_rate", "number > 0"),
@@ -343,9 +340,9 @@ def test_max_in_flight_is_for_async_only():
     assert err.key == "train.max_in_flight" and "async" in err.reason
 
 
-def test_commit_every_with_at_least_once_delivery_is_rejected():
-    err = rejected(with_keys(train={"delivery": "at_least_once", "commit_every": 4}))
-    assert err.key == "train.commit_every" and "exactly_once" in err.reason
+def test_a_removed_key_is_refused_with_what_became_of_it():
+    err = rejected(with_keys(train={"commit_every": 1}))
+    assert err.key == "train.commit_every" and err.reason.startswith("removed:") and "ledger" in err.reason
 
 
 def test_fewer_slots_than_pservers_is_rejected():
@@ -619,7 +616,6 @@ def job_files(draw):
     delivery = draw(st.sampled_from(["exactly_once", "at_least_once", None]))
     if delivery is not None:
         train["delivery"] = delivery
-    maybe(train, "commit_every", st.integers(0, 100) if delivery != "at_least_once" else st.just(0))
     maybe(train, "max_in_flight", st.integers(0, 100) if sgd in ("async", None) else st.just(0))
     maybe(train, "push_every", st.integers(1, 100))
     maybe(train, "pull_every", st.integers(1, 100))

@@ -1,6 +1,6 @@
 """Read-your-writes (trainer/own.py) and the background committer (trainer/committer.py),
 without services: which of a trainer's own pushes a pull misses, what they add, and how
-handed groups become transactions."""
+handed pushes become commits."""
 
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def test_a_forgotten_task_adds_nothing() -> None:
 # -------------------------------------------------------------------------- the committer
 class FakeDelivery:
     def __init__(self) -> None:
-        self.transactions: list[list] = []
+        self.commits: list[list] = []
         self.gate = threading.Event()
         self.gate.set()
         self.fail_next = False
@@ -132,8 +132,8 @@ class FakeDelivery:
         self.gate.wait(10)
         if self.fail_next:
             self.fail_next = False
-            raise DeliveryError("transaction failed: broker gone")
-        self.transactions.append(list(messages))
+            raise DeliveryError("2 messages unacknowledged after 30 s")
+        self.commits.append(list(messages))
 
 
 class Task(str):
@@ -164,32 +164,32 @@ def committer() -> tuple[Committer, FakeDelivery, FakeTasks, list[Ended]]:
     return Committer(delivery, tasks, ended.append), delivery, tasks, ended
 
 
-def test_groups_handed_while_a_transaction_is_out_go_together_and_a_task_ends_after_its_groups() -> None:
+def test_pushes_handed_while_a_commit_is_out_go_together_and_a_task_ends_after_its_pushes() -> None:
     c, delivery, tasks, ended = committer()
-    delivery.gate.clear()  # the first transaction is slow
-    c.hand("a", [("g", b"1", None)])
+    delivery.gate.clear()  # the first commit is slow
+    c.hand("a")
     while not c._busy:
         pass
-    c.hand("a", [("g", b"2", None)])
-    c.hand("a", [("g", b"3", None)])
+    c.hand("a")
+    c.hand("a")
     c.end(Task("a"), [("metrics", b"m", None)], metrics=None)
     delivery.gate.set()
     c.close()
-    assert delivery.transactions == [[("g", b"1", None)], [("g", b"2", None), ("g", b"3", None), ("metrics", b"m", None)]]
+    assert delivery.commits == [[], [("metrics", b"m", None)]]  # pushes 2 and 3 went with the end
     assert tasks.calls == [("heartbeat", "a"), ("complete", "a")]
     assert [e.ending for e in ended] == ["done"]
 
 
-def test_a_failed_transaction_fails_the_task_whose_groups_it_carried() -> None:
+def test_a_failed_commit_fails_the_task_whose_pushes_it_covered() -> None:
     c, delivery, tasks, ended = committer()
     delivery.fail_next = True
-    c.hand("a", [("g", b"1", None)])
+    c.hand("a")
     c.wait()
     with pytest.raises(DeliveryError):
-        c.hand("a", [("g", b"2", None)])
+        c.hand("a")
     # A task whose groups failed is never completed, even if its end gets queued.
     delivery.fail_next = True
-    c.hand("b", [("g", b"1", None)])
+    c.hand("b")
     c.wait()
     c.end(Task("b"), [("metrics", b"m", None)], metrics=None)
     c.close()
