@@ -202,6 +202,8 @@ class Committer:
         self._on_ended(Ended(task, metrics, "done", commit_s=committed))
 
     def _fail(self, task: ClaimedTask, metrics: TaskMetrics, exc: DeliveryError) -> None:
+        with self._cond:  # a later attempt of the task by this trainer starts clean
+            self._failed.pop(task.task_id, None)
         try:
             self._tasks.fail(task, str(exc))
         except (TaskLostError, CoordinationError):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
@@ -113,6 +114,9 @@ class Delivery:
         except KafkaException as exc:
             self._recover(exc)
             raise DeliveryError(f"transaction failed: {exc.args[0].str()}") from exc
+        except DeliveryError:
+            self._recover(None)
+            raise
 
     def close(self) -> None:
         self._buffer.clear()
@@ -123,13 +127,27 @@ class Delivery:
     # -- inside ----------------------------------------------------------------------------
     def _produce(self, topic: str, value: bytes, key: bytes | None, producer: Producer | None = None) -> None:
         producer = producer or self._producer
-        callback = self._on_delivery if producer is self._producer else None
+        deltas = producer is self._producer
+        deadline = time.monotonic() + ACK_TIMEOUT_S
         while True:
             try:
-                producer.produce(topic, value, key, partition=0, on_delivery=callback)
+                producer.produce(topic, value, key, partition=0, on_delivery=self._on_delivery if deltas else None)
                 break
             except BufferError:
-                producer.poll(0.05)  # local queue full: let it drain
+                # Local queue full: let it drain, but not forever (a shard's partition may be
+                # down, and messages never time out): the task fails and the trainer stays
+                # responsive; what is queued still goes out, in order.
+                if time.monotonic() > deadline:
+                    raise DeliveryError(f"the producer's queue stayed full for {ACK_TIMEOUT_S:.0f} s") from None
+                producer.poll(0.05)
+            except KafkaException as exc:
+                error = exc.args[0]
+                if deltas and error.fatal():
+                    self._break(f"fatal producer error: {error.str()}")
+                    self._raise_broken()
+                # Refused before it was queued (too large, say): nothing of it went out, and the
+                # attempt stops here, so its groups still reach each shard in order.
+                raise DeliveryError(f"a message to {topic} was refused: {error.str()}") from exc
         producer.poll(0)
 
     def _on_delivery(self, err: KafkaError | None, msg) -> None:
@@ -156,13 +174,14 @@ class Delivery:
         producer.init_transactions(30)
         return producer
 
-    def _recover(self, exc: KafkaException) -> None:
-        error = exc.args[0]
-        if error.txn_requires_abort():
+    def _recover(self, exc: KafkaException | None) -> None:
+        """Abort the open transaction; a producer that cannot is replaced."""
+        error = exc.args[0] if exc is not None else None
+        if error is None or error.txn_requires_abort():
             try:
                 self._side.abort_transaction(30)
                 return
-            except KafkaException:
-                pass
+            except KafkaException as abort_exc:
+                error = abort_exc.args[0]
         log.warning("transactional producer unusable (%s); starting a new one", error.str())
         self._side = self._new_side()

@@ -135,12 +135,14 @@ class Trainer:
             try:
                 self._loop(stop, max_tasks)
             finally:
-                self.committer.close()
-                self.loader.close()
-                self.delivery.close()
-                self.redis.close()
-                self.lease.revoke()
-                gc.unfreeze()
+                try:
+                    self.committer.close()  # raises what stopped its thread (a broken producer)
+                finally:
+                    self.loader.close()
+                    self.delivery.close()
+                    self.redis.close()
+                    self.lease.revoke()
+                    gc.unfreeze()
         finally:
             self.etcd.close()
 

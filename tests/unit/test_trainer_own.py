@@ -246,3 +246,16 @@ def test_a_push_counts_as_published_only_once_every_shard_has_published_it() -> 
     assert own.pending == 1
     own.published({1: {ME: 0}})
     assert own.pending == 0
+
+
+def test_a_task_whose_last_commit_failed_can_be_tried_again_by_the_same_trainer() -> None:
+    c, delivery, tasks, ended = committer()
+    c.hand("a")
+    delivery.fail_next = True  # the flush at its end finds a push unacknowledged
+    c.end(Task("a"), [("metrics", b"m", None)], metrics=None)
+    c.wait()
+    assert [e.ending for e in ended] == ["failed"]
+    c.hand("a")  # the next attempt's first push: not failed by the last one's error
+    c.end(Task("a"), [("metrics", b"m", None)], metrics=None)
+    c.close()
+    assert [e.ending for e in ended] == ["failed", "done"]
