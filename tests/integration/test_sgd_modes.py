@@ -23,8 +23,6 @@ pytestmark = [pytest.mark.services, pytest.mark.slow]
 def test_sync_barrier_releases_steps_and_lets_a_frozen_trainer_go(services, redis_conn, topic_factory,
                                                                  unique, tmp_path) -> None:
     topic = topic_factory("sync", partitions=2)
-    # Enough steps (250) that plenty remain however late the second trainer (a process that
-    # imports torch) reaches the barrier.
     counts = write_examples(services, topic, [e.to_json() for e in MODEL.examples(16_000)], 2)
     config = make_job(unique("sync"), topic, tmp_path, sgd="sync", batch_size=64, max_records=1000, timeout_s=6)
     coord, background = Etcd.connect(services), Background()
@@ -33,8 +31,13 @@ def test_sync_barrier_releases_steps_and_lets_a_frozen_trainer_go(services, redi
         background.start(lambda stop: Master(Etcd.connect(services), services, config).run(stop))
         for i in range(2):
             background.start(lambda stop, i=i: PserverShard(services, ShardOptions(config.name, i, lease_ttl_s=2)).run(stop))
-        background.start(lambda stop: Trainer(services, config.name, "steady", lease_ttl_s=2).run(stop))
+        # The process (which imports torch) first, the in-process trainer once it trains: the
+        # other way round the steady one could train most of the 250 steps alone first, leaving
+        # fewer than the 10 below for after the freeze.
         frozen = trainer_process(services, config.name, "frozen", tmp_path)
+        wait_for(lambda: "frozen" in (shard_stats(redis_conn, config.name)[0].get("barrier") or {})
+                 .get("participants", []), 90, "the trainer process at the barrier", interval=0.1)
+        background.start(lambda stop: Trainer(services, config.name, "steady", lease_ttl_s=2).run(stop))
         # Both trainers at the barrier: each step waits for both.
         wait_for(lambda: len((shard_stats(redis_conn, config.name)[0].get("barrier") or {})
                              .get("participants", [])) == 2, 90, "two trainers at the barrier", interval=0.1)
