@@ -88,6 +88,26 @@ class IdIndex:
         self._place(keys, rows)
 
 
+class DirectIndex:
+    """Ids below `bound` (hashed feature ids: below `model.hash_buckets`) looked up by one
+    array read each: an order of magnitude cheaper than `IdIndex`'s probing, at 4 bytes per
+    possible id (pages never written are never mapped)."""
+
+    def __init__(self, bound: int) -> None:
+        self.bound = bound
+        self._rows = np.zeros(bound, dtype=np.int32)  # row + 1; 0: absent
+        self.size = 0
+
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        """Row index per id, -1 where absent; every id must be below `bound`."""
+        return self._rows[ids].astype(np.int64) - 1
+
+    def insert(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        """Add ids known to be absent and distinct, mapping them to `rows`."""
+        self._rows[ids] = rows + 1
+        self.size += len(ids)
+
+
 def initial_rows(table: str, ids: np.ndarray, dim: int, scale: float) -> np.ndarray:
     """Uniform in [-scale, scale), a pure function of (table, id, column)."""
     counters = (np.asarray(ids, dtype=np.uint64) ^ name_salt(table))[:, None] * np.uint64(dim) \

@@ -7,11 +7,18 @@ inside a pipeline, so a reader sees a row or block either before or after an upd
 half of it. Redis is a cache: a shard republishes everything when its version key is gone
 (FLUSHALL, a restarted Redis), and a reader that finds a shard's version missing is told to
 retry rather than handed initial values.
+
+Each round is also appended, rows and values in one `PublishedRound`, to the shard's rounds
+stream (`st:<job>:rounds:<shard>`, the newest `ROUNDS_KEPT` or so). A trainer follows the
+streams to keep the rows it has read current (trainer/replica.py) and reads from the row keys
+only rows it has never read: a stream entry is one value for the whole round, where the keys
+cost Redis a lookup, a reply and the client a parse for every row.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -22,9 +29,13 @@ from pserver import resp
 from pserver.rows import initial_rows
 from pserver.sharding import SlotMap
 from pserver.state import Changes, ShardState
-from schemas import ParamBlock, RedisKeys, decode_rows, encode_rows_matrix
+from schemas import ParamBlock, PublishedRound, RedisKeys, RoundRows, SchemaError, decode_rows, encode_rows_matrix
 
 _CHUNK = 8192  # keys per MSET: large enough to amortise, small enough not to stall Redis
+# Rounds kept in a shard's stream (approximately: trimmed a node at a time). A trainer that
+# falls further behind than this drops the shard's rows and reads them again (trainer/replica.py).
+ROUNDS_KEPT = 512
+_ROUNDS_FIELD = b"r"
 
 
 def _applied_json(applied: dict[str, int]) -> bytes:
@@ -58,6 +69,10 @@ class Publisher:
         self._redis = client
         self._keys = RedisKeys(job)
         self.shard = shard
+        # The rounds stream's epoch and the last round of it sent; `send(..., reset=True)`
+        # starts a new epoch. A new Publisher (a restarted shard) starts one too.
+        self._epoch = secrets.randbits(64)
+        self._round = 0
 
     @property
     def client(self) -> redis.Redis:
@@ -71,9 +86,11 @@ class Publisher:
         blocks = [(p, b, state.dense[(p, b)].values[0].copy()) for p, b in changes.blocks]
         return Snapshot(rows, blocks)
 
-    def send(self, snapshot: Snapshot, applied: dict[str, int] | None = None) -> int:
+    def send(self, snapshot: Snapshot, applied: dict[str, int] | None = None, reset: bool = False) -> int:
         """Write the snapshot's rows, then, in one transaction, its dense blocks, `applied`
-        (`RedisKeys.applied`) if given and the version bump. Returns the new version.
+        (`RedisKeys.applied`) if given, the round's `PublishedRound` and the version bump.
+        Returns the new version. `reset`: the snapshot is everything the shard holds; the
+        round starts a new epoch of the stream and carries no rows (readers drop theirs).
 
         A reader that reads `applied` and the values in one transaction
         (`ParamClient.send_pull`) finds a step counted as applied only once its rows and
@@ -103,6 +120,8 @@ class Publisher:
             if applied is not None:
                 chunks.append(self._applied_command(applied))
                 queued += 1
+            chunks.append(self._round_command(snapshot, applied or {}, reset))
+            queued += 1
             chunks += conn.pack_command("INCR", self._keys.version(self.shard))
             chunks.append(resp.command(b"EXEC"))
             conn.send_packed_command(chunks)
@@ -120,11 +139,17 @@ class Publisher:
         finally:
             self._redis.connection_pool.release(conn)
 
-    def send_applied(self, applied: dict[str, int]) -> None:
-        self._redis.set(self._keys.applied(self.shard), _applied_json(applied))
-
     def _applied_command(self, applied: dict[str, int]) -> bytes:
         return resp.command(b"SET", self._keys.applied(self.shard).encode(), _applied_json(applied))
+
+    def _round_command(self, snapshot: Snapshot, applied: dict[str, int], reset: bool) -> bytes:
+        if reset:
+            self._epoch, self._round = secrets.randbits(64), 0
+        self._round += 1
+        rows = () if reset else tuple(RoundRows(table, ids, values) for table, ids, values in snapshot.rows)
+        entry = PublishedRound(self._epoch, self._round, reset, applied, rows).to_bytes()
+        return resp.command(b"XADD", self._keys.rounds(self.shard).encode(), b"MAXLEN", b"~",
+                            b"%d" % ROUNDS_KEPT, b"*", _ROUNDS_FIELD, entry)
 
     def publish(self, state: ShardState, changes: Changes) -> int:
         """Write the changed rows and blocks, then bump the version. Returns the new version."""
@@ -132,7 +157,7 @@ class Publisher:
 
     def publish_all(self, state: ShardState) -> int:
         """Everything this shard holds (after a restart or a flushed Redis)."""
-        return self.publish(state, self.everything(state))
+        return self.send(self.snapshot(state, self.everything(state)), reset=True)
 
     @staticmethod
     def everything(state: ShardState) -> Changes:
@@ -167,6 +192,11 @@ class Pull:
     blocks: dict[tuple[str, int], np.ndarray]  # blocks found; one never trained is absent
     versions: dict[int, int]  # shard -> version
     applied: dict[int, dict[str, int]]  # shard -> {trainer id: newest step its values include}
+    rounds: dict[int, list[Round]]  # shard -> its rounds after the positions asked for, oldest first
+
+
+# A rounds-stream entry: its stream id, and the round (None: it did not decode).
+Round = tuple[bytes, PublishedRound | None]
 
 
 class ParamClient:
@@ -214,11 +244,50 @@ class ParamClient:
         raw = self._redis.mget([self._keys.applied(s) for s in range(self.slot_map.shards)])
         return {s: json.loads(v) if v else {} for s, v in enumerate(raw)}
 
+    def rounds_tail(self, shards: Iterable[int]) -> dict[int, Round | None]:
+        """Each shard's newest round (None: its stream is empty or missing)."""
+        shards = list(shards)
+        with self._redis.pipeline(transaction=False) as pipe:
+            for s in shards:
+                pipe.xrevrange(self._keys.rounds(s), count=1)
+            replies = pipe.execute()
+        return {s: _round(*found[0]) if found else None for s, found in zip(shards, replies)}
+
+    def wait_rounds(self, after: Mapping[int, bytes], timeout_s: float, count: int = 128) -> dict[int, list[Round]]:
+        """The rounds after `after` ({shard: stream id}), waiting up to `timeout_s` for one.
+        Sent and read raw (hiredis), as a trainer does this after every push: redis-py's
+        XREAD reply parsing cost more than the rest of the wait."""
+        pool = self._redis.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command(conn.pack_command(
+                "XREAD", "COUNT", count, "BLOCK", max(1, int(timeout_s * 1000)), "STREAMS",
+                *[self._keys.rounds(s) for s in after], *after.values()))
+            reply = conn.read_response()
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
+        return self._rounds(after, reply)
+
+    def _rounds(self, after: Mapping[int, bytes], reply) -> dict[int, list[Round]]:
+        by_key = {self._keys.rounds(s).encode(): s for s in after}
+        out: dict[int, list[Round]] = {}
+        if isinstance(reply, dict):  # how the reply reads inside a transaction
+            reply = reply.items()
+        for key, entries in reply or []:
+            out[by_key[key]] = [_round(at, fields) for at, fields in entries]
+        return out
+
     def send_pull(self, rows: Mapping[str, tuple[np.ndarray, int]], blocks: Sequence[tuple[str, int]],
-                  row_shards: Mapping[str, np.ndarray] | None = None) -> PendingPull:
+                  row_shards: Mapping[str, np.ndarray] | None = None,
+                  rounds: Mapping[int, bytes] | None = None, rounds_count: int = 128) -> PendingPull:
         """Send `pull`'s requests now and read the replies later (`PendingPull.result`): the
         caller computes while Redis answers, without a thread to hand the work over.
-        `row_shards`: per table, each id's `SlotMap.shard_of_rows`, if the caller has them."""
+        `row_shards`: per table, each id's `SlotMap.shard_of_rows`, if the caller has them.
+        `rounds`: also read the shards' rounds after these stream ids ({shard: id}), at most
+        `rounds_count` each, in the same transaction (`Pull.rounds`)."""
         rows = {table: (np.asarray(ids, dtype=np.uint64), dim) for table, (ids, dim) in rows.items()}
         shards = set()
         for table, (ids, _) in rows.items():
@@ -242,6 +311,9 @@ class ParamClient:
             for table, (ids, _) in rows.items():
                 packed.append(resp.mget(self._keys.row(table, 0)[:-1].encode(), ids) if len(ids)
                               else b"".join(conn.pack_command("MGET", "-")))
+            if rounds:
+                packed += conn.pack_command("XREAD", "COUNT", rounds_count, "STREAMS",
+                                            *[self._keys.rounds(s) for s in rounds], *rounds.values())
             packed += conn.pack_command("EXEC")
             # One write: redis-py writes each piece with its own sendall.
             conn.send_packed_command([b"".join(packed)])
@@ -249,10 +321,10 @@ class ParamClient:
             conn.disconnect()
             pool.release(conn)
             raise
-        return PendingPull(self, pool, conn, shards, rows, list(blocks))
+        return PendingPull(self, pool, conn, shards, rows, list(blocks), dict(rounds or {}))
 
     def _decode(self, shards: list[int], rows: dict[str, tuple[np.ndarray, int]], blocks: list[tuple[str, int]],
-                replies: list) -> Pull:
+                rounds: dict[int, bytes], replies: list) -> Pull:
         versions = self._versions(shards, replies[0][:len(shards)])
         applied = {s: json.loads(raw) if raw else {} for s, raw in zip(shards, replies[0][len(shards):])}
         found = {}
@@ -269,7 +341,7 @@ class ParamClient:
             if not present.all():
                 got[~present] = initial_rows(table, ids[~present], dim, self.init_scale)
             values[table] = got
-        return Pull(values, found, versions, applied)
+        return Pull(values, found, versions, applied, self._rounds(rounds, replies[-1]) if rounds else {})
 
     @staticmethod
     def _versions(shards: list[int], raw: list[bytes | None]) -> dict[int, int]:
@@ -284,13 +356,15 @@ class PendingPull:
     replies or `cancel` drops them (a half-read reply stream must never be reused)."""
 
     def __init__(self, client: ParamClient, pool: redis.ConnectionPool, conn, shards: list[int],
-                 rows: dict[str, tuple[np.ndarray, int]], blocks: list[tuple[str, int]]) -> None:
+                 rows: dict[str, tuple[np.ndarray, int]], blocks: list[tuple[str, int]],
+                 rounds: dict[int, bytes]) -> None:
         self._client = client
         self._pool = pool
         self._conn = conn
         self._shards = shards
         self._rows = rows
         self._blocks = blocks
+        self._rounds = rounds
 
     def result(self) -> Pull:
         """As `ParamClient.pull`. Raises ParamsUnavailableError like it."""
@@ -299,7 +373,7 @@ class PendingPull:
             raise RuntimeError("this pull was already read or cancelled")
         try:
             # MULTI's OK, a QUEUED per command, then EXEC's array of the replies.
-            for _ in range(2 + len(self._rows) + bool(self._blocks)):
+            for _ in range(2 + len(self._rows) + bool(self._blocks) + bool(self._rounds)):
                 conn.read_response()
             replies = conn.read_response()
         except BaseException:
@@ -307,10 +381,22 @@ class PendingPull:
             raise
         finally:
             self._pool.release(conn)
-        return self._client._decode(self._shards, self._rows, self._blocks, replies)
+        return self._client._decode(self._shards, self._rows, self._blocks, self._rounds, replies)
 
     def cancel(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.disconnect()
             self._pool.release(conn)
+
+
+def _round(at: bytes, fields: dict | list) -> Round:
+    """A rounds-stream entry as (id, round); an entry that does not decode is kept as None,
+    which its reader treats as a missing round."""
+    if isinstance(fields, list):  # a reply not parsed into a dict (inside MULTI)
+        fields = dict(zip(fields[::2], fields[1::2]))
+    raw = fields.get(_ROUNDS_FIELD)
+    try:
+        return at, None if raw is None else PublishedRound.from_bytes(raw)
+    except SchemaError:
+        return at, None

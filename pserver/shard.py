@@ -35,7 +35,7 @@ from master.offsets import InputOffsets, InputUnavailableError
 from pserver.barrier import StepBarrier
 from pserver.checkpoint import CheckpointStore
 from pserver.optimizers import make_rule
-from pserver.serving import Publisher
+from pserver.serving import Publisher, Snapshot
 from pserver.sharding import SlotMap
 from pserver.state import BadDeltaError, Changes, ShardState
 from schemas import DeadLetter, EtcdKeys, GradientDelta, PartitionCursor, RedisKeys, SchemaError, Topics
@@ -206,13 +206,15 @@ class BackgroundPublisher:
             self._applied_changed = False
             snapshot = None if changes is None else self.publisher.snapshot(self.state, changes)
         if snapshot is None:
-            if applied is not None:
-                self.publisher.send_applied(applied)
-            if note is not None:
-                self.publisher.client.set(*note)
-            return
+            if applied is None:
+                if note is not None:
+                    self.publisher.client.set(*note)
+                return
+            # Only duplicates were applied: the round says so, for trainers that follow the
+            # rounds stream to learn when their pushes are published.
+            snapshot = Snapshot([], [])
         began = time.perf_counter()
-        version = self.publisher.send(snapshot, applied)
+        version = self.publisher.send(snapshot, applied, reset=everything)
         if self.publish_seconds is not None:
             self.publish_seconds.observe(time.perf_counter() - began)
         self.publishes += 1

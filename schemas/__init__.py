@@ -20,6 +20,7 @@ from .example import Example
 from .gradient import DenseSlice, GradientDelta, SparseRows, WireDtype
 from .keys import CONTROLS, TASK_STATES, EtcdKeys, RedisKeys, Topics, validate_job_name
 from .params import ParamBlock, decode_rows, encode_rows, encode_rows_matrix
+from .rounds import PublishedRound, RoundRows
 from .task import TaskId, TaskRecord
 
 __all__ = [
@@ -34,7 +35,9 @@ __all__ = [
     "GradientDelta",
     "ParamBlock",
     "PartitionCursor",
+    "PublishedRound",
     "RedisKeys",
+    "RoundRows",
     "SchemaError",
     "SparseRows",
     "TaskId",

@@ -176,6 +176,11 @@ class RedisKeys:
         trainer can tell which of its own pushes a pull already includes."""
         return f"{self.prefix}applied:{_redis_check.integer('shard', shard, hi=U32_MAX)}"
 
+    def rounds(self, shard: int) -> str:
+        """A stream of the shard's publish rounds (`PublishedRound`, field ``r``), newest few
+        hundred kept: trainers follow it to keep the rows they hold current."""
+        return f"{self.prefix}rounds:{_redis_check.integer('shard', shard, hi=U32_MAX)}"
+
     def stats(self, shard: int) -> str:
         """A shard's counters as JSON (applied, dropped duplicates, bad deltas, examples)."""
         return f"{self.prefix}stats:{_redis_check.integer('shard', shard, hi=U32_MAX)}"

@@ -124,6 +124,16 @@ class OwnPushes:
         """Pushes up to step `through` some shard has not published yet."""
         return sum(1 for p in self._pushes if p.step <= through)
 
+    def lagging(self, after: int, through: int, allowed: int) -> list[int]:
+        """The shards to wait for until at most `allowed` of the pushes of steps in
+        (`after`, `through`] are unpublished: those that have not published the newest push
+        that must be."""
+        steps = [p.step for p in self._pushes if after < p.step <= through]
+        if len(steps) <= allowed:
+            return []
+        target = steps[len(steps) - allowed - 1]
+        return [shard for shard, done in self._published.items() if done < target]
+
 
 class OwnRows:
     """Estimates of what this trainer's own steps change in its rows, for the later mini-batches

@@ -16,16 +16,18 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
-from pserver.serving import ParamClient, ParamsUnavailableError, PendingPull
+from pserver.serving import ParamClient, ParamsUnavailableError, PendingPull, Pull
 from pserver.sharding import SlotMap
 from schemas import DenseSlice, GradientDelta, SparseRows
 from trainer.own import OwnPushes
+from trainer.replica import RowReplica
 
 BLOCK = 4096
 INIT_SCALE = 0.01  # sparse rows' initial scale: the pservers' ShardState default
@@ -133,12 +135,20 @@ class Fetched:
 
 
 class ParamSync:
-    """Pulls for a mini-batch; retries while a shard is not (yet, or again) in Redis."""
+    """Pulls for a mini-batch; retries while a shard is not (yet, or again) in Redis.
 
-    def __init__(self, client: ParamClient, layout: DenseLayout, wait_s: float = 60.0) -> None:
+    With a `replica` (a trainer's), rows of its table come from it, and a pull reads from Redis
+    only the rows it does not hold, plus the shards' rounds since it last looked, which keep
+    it current (trainer/replica.py)."""
+
+    def __init__(self, client: ParamClient, layout: DenseLayout, wait_s: float = 60.0,
+                 replica: RowReplica | None = None) -> None:
         self.client = client
         self.layout = layout
         self.wait_s = wait_s
+        self.replica = replica
+        if replica is not None:
+            replica.start(client.rounds_tail(replica.after))
 
     def pull_rows(self, table: str, ids: np.ndarray, dim: int) -> np.ndarray:
         return self._retrying(lambda: self.client.pull_rows(table, ids, dim).values)
@@ -149,8 +159,25 @@ class ParamSync:
         table), and the dense blocks if `dense`, in one round trip: the requests are sent
         now, the replies read by `PendingFetch.result`."""
         keys = [(b.param, b.block) for b in self.layout.blocks] if dense else []
-        request = ({name: (ids, dim) for name, dim in tables.items()}, keys)
-        return PendingFetch(self, request, ids, dense, self.client.send_pull(*request, row_shards=shards))
+        replica = self.replica
+        if replica is None or set(tables) != {replica.table}:
+            request = ({name: (ids, dim) for name, dim in tables.items()}, keys)
+            return PendingFetch(self, request, ids, dense, self.client.send_pull(*request, row_shards=shards))
+        slots = replica.lookup(ids)
+        cold = slots < 0
+        owners = shards[replica.table]
+        request = ({replica.table: (ids[cold], replica.width)}, keys)
+        pending = self.client.send_pull(*request, row_shards={replica.table: owners[cold]},
+                                        rounds=replica.after)
+        return PendingFetch(self, request, ids, dense, pending, _Cold(slots, cold, owners, replica.generation))
+
+    def await_rounds(self, timeout_s: float, shards: Iterable[int] | None = None) -> dict[int, dict[str, int]]:
+        """Wait up to `timeout_s` for the next rounds of `shards` (all: None) and apply them to
+        the replica; returns the newest `applied` each shard's rounds carried (`InFlight`)."""
+        after = self.replica.after
+        if shards is not None:
+            after = {s: after[s] for s in shards}
+        return self.replica.apply(self.client.wait_rounds(after, timeout_s))
 
     def pull_dense(self) -> None:
         keys = [(b.param, b.block) for b in self.layout.blocks]
@@ -177,15 +204,28 @@ class ParamSync:
                 time.sleep(exc.retry_after)
 
 
+@dataclass(frozen=True)
+class _Cold:
+    """What a replica pull looked up before sending: the slot of each id (-1: not held, read
+    from Redis), each id's shard, and the replica's generation the slots belong to."""
+
+    slots: np.ndarray
+    cold: np.ndarray
+    owners: np.ndarray
+    generation: int
+
+
 class PendingFetch:
     """A `ParamSync.send` on the wire."""
 
-    def __init__(self, sync: ParamSync, request: tuple, ids: np.ndarray, dense: bool, pending: PendingPull) -> None:
+    def __init__(self, sync: ParamSync, request: tuple, ids: np.ndarray, dense: bool, pending: PendingPull,
+                 cold: _Cold | None = None) -> None:
         self._sync = sync
         self._ids = ids
         self._request = request
         self._dense = dense
         self._pending = pending
+        self._cold = cold
 
     def result(self) -> Fetched:
         """The fetched parameters; waits and retries while a shard is not in Redis."""
@@ -193,7 +233,29 @@ class PendingFetch:
             pull = self._pending.result()
         except ParamsUnavailableError:
             pull = self._sync._retrying(lambda: self._sync.client.pull(*self._request))
-        return Fetched(self._ids, pull.rows, pull.blocks if self._dense else None, pull.applied)
+        rows = pull.rows if self._cold is None else self._from_replica(pull)
+        return Fetched(self._ids, rows, pull.blocks if self._dense else None, pull.applied)
+
+    def _from_replica(self, pull: Pull) -> dict[str, np.ndarray]:
+        """The rounds read go into the replica first, then the rows read from keys; the
+        batch's rows are the replica's and those."""
+        replica, cold, ids = self._sync.replica, self._cold, self._ids
+        replica.apply(pull.rounds)
+        slots = cold.slots
+        if replica.generation != cold.generation:
+            slots = replica.lookup(ids)  # rows were dropped (a missed round): some slots are gone
+        warm = slots >= 0
+        if warm.all():
+            return {replica.table: replica.gather(slots)}
+        values = np.empty((len(ids), replica.width), dtype=np.float32)
+        values[warm] = replica.gather(slots[warm])
+        values[cold.cold] = pull.rows[replica.table]
+        lost = ~warm & ~cold.cold  # held when the pull was sent, dropped since
+        if lost.any():
+            values[lost] = self._sync._retrying(lambda: self._sync.client.pull(
+                {replica.table: (ids[lost], replica.width)}, []).rows[replica.table])
+        replica.insert(ids[~warm], cold.owners[~warm], values[~warm])
+        return {replica.table: values}
 
 
 class GradientBuffer:

@@ -89,13 +89,15 @@ class StepGate:
 class InFlight:
     """Async mode's bound on a trainer's own pushes not yet visible (`train.max_in_flight`).
 
-    `read_applied` returns every shard's `RedisKeys.applied` (`ParamClient.applied`); it is
-    polled every millisecond while the trainer waits, a few bytes each."""
+    `await_applied(timeout_s, shards)` waits up to `timeout_s` for the next publish rounds of
+    `shards` and returns the newest `applied` ({shard: {trainer id: step}}) they carried
+    (`ParamSync.await_rounds`, which also keeps the trainer's rows current with them): the
+    trainer sleeps until a round of a shard it waits for lands, instead of polling."""
 
-    def __init__(self, limit: int, read_applied: Callable[[], dict[int, dict[str, int]]], trainer_id: str,
-                 max_wait_s: float) -> None:
+    def __init__(self, limit: int, await_applied: Callable[[float, list[int]], dict[int, dict[str, int]]],
+                 trainer_id: str, max_wait_s: float) -> None:
         self.limit = limit
-        self.read_applied = read_applied
+        self.await_applied = await_applied
         self.trainer_id = trainer_id
         self.max_wait_s = max_wait_s
         self.waited_s = 0.0  # the last wait
@@ -107,13 +109,12 @@ class InFlight:
         After `max_wait_s` it goes on and never waits for those pushes again: a shard that is
         down slows each push by one wait, not by one wait per push."""
         began = time.monotonic()
-        while own.in_flight(through) - own.in_flight(self._given_up) > self.limit:
+        while lagging := own.lagging(self._given_up, through, self.limit):
             if time.monotonic() - began > self.max_wait_s:
                 log.warning("trainer %s: %d pushes still unpublished after %.0f s; going on", self.trainer_id,
                             own.in_flight(through), self.max_wait_s)
                 self._given_up = through
                 break
             check()
-            time.sleep(0.001)
-            own.published(self.read_applied())
+            own.published(self.await_applied(0.05, lagging))
         self.waited_s = time.monotonic() - began

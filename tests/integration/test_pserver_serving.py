@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from pserver.optimizers import Adagrad
-from pserver.serving import ParamClient, ParamsUnavailableError, Publisher
+from pserver.serving import ParamClient, ParamsUnavailableError, Publisher, Snapshot
 from pserver.sharding import SlotMap
-from pserver.state import ShardState
+from pserver.state import Changes, ShardState
 from schemas import DenseSlice, GradientDelta, SparseRows, TaskRecord
+from trainer.params import DenseLayout, ParamSync
+from trainer.replica import RowReplica
 
 pytestmark = pytest.mark.services
 
@@ -78,3 +81,66 @@ def test_a_pull_sent_ahead_reads_what_a_pull_reads_and_a_cancelled_one_leaves_no
     for _ in range(20):  # cancelled pulls must not leave replies for the next user of a connection
         client.send_pull(*request).cancel()
         assert np.array_equal(client.pull(*request).rows["user"], pulled.rows["user"])
+
+
+def replica_sync(redis_conn, job: str, slot_map: SlotMap) -> ParamSync:
+    layout = DenseLayout(torch.nn.Linear(1, 1))
+    return ParamSync(ParamClient(redis_conn, job, slot_map), layout, wait_s=5,
+                     replica=RowReplica("user", 8, slot_map.shards))
+
+
+def fetch(sync: ParamSync, slot_map: SlotMap, ids: np.ndarray) -> np.ndarray:
+    return sync.send({"user": 8}, ids, {"user": slot_map.shard_of_rows("user", ids)}, dense=False
+                     ).result().rows["user"]
+
+
+def step(job: str, state: ShardState, shard: int, slot_map: SlotMap, ids: np.ndarray, seq: int) -> Changes:
+    mine = ids[slot_map.shard_of_rows("user", ids) == shard]
+    return state.apply(GradientDelta(TaskRecord.make_id("in", 0, 0), seq, "t", shard, seq, 1,
+                                     sparse=(SparseRows("user", mine, np.ones((len(mine), 8), np.float32)),)))
+
+
+def test_a_trainers_replica_reads_rows_once_and_follows_the_rounds_that_change_them(redis_conn, unique) -> None:
+    job, slot_map = unique("replica"), SlotMap.uniform(128, 2)
+    ids = np.arange(1000, dtype=np.uint64)
+    states = [trained_shard(job, s, slot_map, ids) for s in range(2)]
+    publishers = [Publisher(redis_conn, job, s) for s in range(2)]
+    for publisher, state in zip(publishers, states):
+        publisher.publish_all(state)
+    sync = replica_sync(redis_conn, job, slot_map)
+    client = sync.client
+    probe = np.array([3, 500, 999, 5000], dtype=np.uint64)
+    assert np.array_equal(fetch(sync, slot_map, probe), client.pull_rows("user", probe, 8).values)
+    assert sync.replica.size == 4
+    # The shards change two of the rows and publish them as rounds; the replica follows them,
+    # and reads from the keys only what it does not hold.
+    for seq in (1, 2):
+        for s in range(2):
+            publishers[s].publish(states[s], step(job, states[s], s, slot_map, probe[:2], seq))
+    wider = np.array([3, 500, 999, 5000, 7], dtype=np.uint64)
+    assert np.array_equal(fetch(sync, slot_map, wider), client.pull_rows("user", wider, 8).values)
+    assert sync.replica.size == 5 and sync.replica.drops == 0
+    # A republish (a restarted shard) starts a new epoch: the replica drops that shard's rows.
+    owner = int(slot_map.shard_of_rows("user", probe[:1])[0])
+    states[owner].tables["user"].values[:] += 1.0
+    publishers[owner].publish_all(states[owner])
+    assert np.array_equal(fetch(sync, slot_map, wider), client.pull_rows("user", wider, 8).values)
+    assert sync.replica.drops == 1
+    # Rounds trimmed before the replica read them: a gap, so the shard's rows are dropped too.
+    for seq in range(3, 6):
+        publishers[owner].publish(states[owner], step(job, states[owner], owner, slot_map, probe[:1], seq))
+    newest = redis_conn.xrevrange(f"st:{job}:rounds:{owner}", count=1)[0][0]
+    redis_conn.xtrim(f"st:{job}:rounds:{owner}", minid=newest, approximate=False)
+    assert np.array_equal(fetch(sync, slot_map, wider), client.pull_rows("user", wider, 8).values)
+    assert sync.replica.drops == 2
+
+
+def test_waiting_for_rounds_returns_the_applied_steps_they_carry(redis_conn, unique) -> None:
+    job, slot_map = unique("rounds"), SlotMap.uniform(128, 1)
+    state = trained_shard(job, 0, slot_map, np.arange(10, dtype=np.uint64))
+    publisher = Publisher(redis_conn, job, 0)
+    publisher.publish_all(state)
+    sync = replica_sync(redis_conn, job, slot_map)
+    assert sync.await_rounds(0.01) == {}  # nothing new: waits out the timeout
+    publisher.send(Snapshot([], []), {"t": 7})  # a round of duplicates only: no rows, a step
+    assert sync.await_rounds(1.0) == {0: {"t": 7}}

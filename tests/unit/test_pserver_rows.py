@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pserver.rows import IdIndex, RowTable, initial_rows
+from pserver.rows import DirectIndex, IdIndex, RowTable, initial_rows
 
 
 @settings(max_examples=50, deadline=None)
@@ -49,3 +49,14 @@ def test_table_creates_rows_on_first_touch_and_reuses_them() -> None:
     assert table.size == 4
     assert np.array_equal(table.values[again[2]], initial_rows("user", np.array([42], dtype=np.uint64), 4, 0.01)[0])
     assert np.all(table.state["sum"][: table.size] == 0)
+
+
+def test_a_direct_index_maps_ids_below_its_bound_as_the_probing_one_does() -> None:
+    rng = np.random.default_rng(1)
+    ids = np.unique(rng.integers(0, 1 << 16, 500)).astype(np.uint64)
+    direct, probing = DirectIndex(1 << 16), IdIndex()
+    for index in (direct, probing):
+        index.insert(ids[:300], np.arange(300))
+    probe = np.concatenate([ids, np.array([0, (1 << 16) - 1], dtype=np.uint64)])
+    assert direct.lookup(probe).tolist() == probing.lookup(probe).tolist()
+    assert direct.size == 300

@@ -202,11 +202,11 @@ def test_in_flight_waits_until_at_most_the_limit_of_own_pushes_is_unpublished() 
     for step in range(4):
         push(own, step, {0: np.ones(2)})
     assert (own.in_flight(3), own.in_flight(1)) == (4, 2)
-    # The shards publish one more of our steps at each poll.
+    # The shards publish one more of our steps at each round waited for.
     published = iter(range(4))
     reads = []
 
-    def read_applied():
+    def read_applied(timeout_s: float, shards: list[int]):
         step = next(published)
         reads.append(step)
         return {0: {ME: step, "other": 99}, 1: {ME: step}}
@@ -214,7 +214,7 @@ def test_in_flight_waits_until_at_most_the_limit_of_own_pushes_is_unpublished() 
     window = InFlight(1, read_applied, ME, max_wait_s=5.0)
     window.wait(own, 3)
     assert reads == [0, 1, 2] and own.in_flight(3) == 1  # step 3 may stay in flight
-    window = InFlight(0, lambda: {0: {ME: 3}, 1: {ME: 3}}, ME, max_wait_s=5.0)
+    window = InFlight(0, lambda timeout_s, shards: {0: {ME: 3}, 1: {ME: 3}}, ME, max_wait_s=5.0)
     window.wait(own, 3)
     assert own.in_flight(3) == 0
 
@@ -223,7 +223,7 @@ def test_in_flight_stops_waiting_when_the_commit_failed_or_the_cap_passes() -> N
     own = pushes()
     push(own, 0)
     push(own, 1)
-    never = InFlight(1, lambda: {0: {}, 1: {}}, ME, max_wait_s=0.05)
+    never = InFlight(1, lambda timeout_s, shards: {}, ME, max_wait_s=0.05)
     never.wait(own, 1)  # returns after the cap, with a warning
     assert never.waited_s >= 0.05 and own.in_flight(1) == 2
 
@@ -231,7 +231,7 @@ def test_in_flight_stops_waiting_when_the_commit_failed_or_the_cap_passes() -> N
         raise DeliveryError("commit failed")
 
     with pytest.raises(DeliveryError):
-        InFlight(1, lambda: {0: {}, 1: {}}, ME, max_wait_s=5.0).wait(own, 1, failed)
+        InFlight(1, lambda timeout_s, shards: {}, ME, max_wait_s=5.0).wait(own, 1, failed)
     # After a timeout those pushes are not waited for again: a shard that is down costs one wait.
     push(own, 2)
     began = time.monotonic()
@@ -259,3 +259,16 @@ def test_a_task_whose_last_commit_failed_can_be_tried_again_by_the_same_trainer(
     c.end(Task("a"), [("metrics", b"m", None)], metrics=None)
     c.close()
     assert [e.ending for e in ended] == ["failed", "done"]
+
+
+def test_the_shards_lagging_are_those_that_have_not_published_the_newest_push_that_must_be() -> None:
+    own = pushes()
+    for step in range(4):
+        push(own, step)
+    assert own.lagging(-1, 3, allowed=0) == [0, 1]
+    own.published({0: {ME: 3}, 1: {ME: 1}})
+    assert own.lagging(-1, 3, allowed=0) == [1]
+    assert own.lagging(-1, 3, allowed=2) == []  # steps 2 and 3 may stay in flight
+    assert own.lagging(2, 3, allowed=0) == [1]  # pushes up to 2 are not waited for
+    own.published({1: {ME: 3}})
+    assert own.lagging(-1, 3, allowed=0) == []

@@ -1,0 +1,115 @@
+"""PublishedRound: one publish round of a shard, as appended to its `RedisKeys.rounds` stream."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._binary import BytesLike, Reader, Writer, le
+from ._check import U16_MAX, U32_MAX, U64_MAX, Check
+
+VERSION = 1
+MAGIC = b"SR"
+_check = Check("PublishedRound", VERSION)
+
+# After magic and version: epoch, round, reset flag, applied JSON length, table count.
+_HEADER = le("QQBIH")
+_TABLE = le("BIH")  # table name length, rows, dim
+_ALIGN = 8
+
+
+@dataclass(frozen=True, eq=False)
+class RoundRows:
+    """Rows of one table as a round left them: ``values[i]`` is row ``ids[i]``; ids distinct."""
+
+    table: str
+    ids: np.ndarray  # uint64
+    values: np.ndarray  # (len(ids), dim) float32
+
+    def __post_init__(self) -> None:
+        _check.name("rows.table", self.table)
+        ids = self.ids
+        if not isinstance(ids, np.ndarray) or ids.dtype != np.uint64 or ids.ndim != 1:
+            raise _check.error("rows.ids", "expected a 1-D uint64 array")
+        values = _check.float_array("rows.values", self.values, ndim=2)
+        if values.shape[0] != ids.size:
+            raise _check.error("rows.values", f"{values.shape[0]} rows for {ids.size} ids")
+        if not 1 <= values.shape[1] <= U16_MAX:
+            raise _check.error("rows.values", f"dim {values.shape[1]} is out of range [1, {U16_MAX}]")
+        if ids.size > U32_MAX:
+            raise _check.error("rows.ids", f"{ids.size} rows, at most {U32_MAX} per table")
+        object.__setattr__(self, "values", values)
+
+
+@dataclass(frozen=True, eq=False)
+class PublishedRound:
+    """What one publish round of a shard wrote: the rows it changed, with their new values,
+    and the newest step of each trainer its values include (`RedisKeys.applied`).
+
+    ``epoch`` names one unbroken run of rounds, numbered ``round`` 1, 2, ... within it; a
+    round that starts a new epoch has ``reset`` set and carries no rows (it republished
+    everything, after a restart, a lost Redis or a rollback). A reader that holds rows of
+    the shard keeps them current by applying its rounds in order, and drops them when a
+    round is missing (trimmed, or a new epoch began). Decoded arrays are read-only views.
+
+    Raises:
+        SchemaError: a value does not fit (names the field).
+    """
+
+    epoch: int
+    round: int
+    reset: bool
+    applied: dict[str, int]
+    rows: tuple[RoundRows, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "epoch", _check.integer("epoch", self.epoch, hi=U64_MAX))
+        object.__setattr__(self, "round", _check.integer("round", self.round, hi=U64_MAX))
+        if not isinstance(self.applied, dict) or not all(
+                isinstance(k, str) and isinstance(v, int) for k, v in self.applied.items()):
+            raise _check.error("applied", "expected {trainer id: step}")
+        if not isinstance(self.rows, tuple) or not all(isinstance(r, RoundRows) for r in self.rows):
+            raise _check.error("rows", "expected a tuple of RoundRows")
+        if len(self.rows) > U16_MAX:
+            raise _check.error("rows", f"{len(self.rows)} tables, at most {U16_MAX}")
+        if self.reset and self.rows:
+            raise _check.error("rows", "a reset round carries no rows")
+
+    def to_bytes(self) -> bytes:
+        applied = json.dumps(self.applied, separators=(",", ":")).encode()
+        w = Writer(MAGIC, VERSION)
+        w.pack(_HEADER, self.epoch, self.round, int(self.reset), len(applied), len(self.rows))
+        w.add(applied)
+        for rows in self.rows:
+            table = rows.table.encode("utf-8")
+            w.pack(_TABLE, len(table), rows.ids.size, rows.values.shape[1])
+            w.add(table)
+            w.align(_ALIGN)
+            w.array(rows.ids, "<u8")
+            w.array(rows.values, "<f4")
+        return w.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: BytesLike) -> PublishedRound:
+        """Raises: SchemaError."""
+        r = Reader(_check, data, MAGIC)
+        epoch, round_no, reset, applied_len, tables = r.unpack(_HEADER, "header")
+        if reset > 1:
+            raise _check.error("reset", f"expected 0 or 1, got {reset}")
+        try:
+            applied = json.loads(r.text(applied_len, "applied"))
+        except ValueError as exc:
+            raise _check.error("applied", f"not JSON: {exc}") from exc
+        rows = []
+        for i in range(tables):
+            at = f"rows[{i}]"
+            name_len, n, dim = r.unpack(_TABLE, at)
+            table = r.text(name_len, f"{at}.table")
+            r.align(_ALIGN, f"{at}.padding")
+            ids = r.array("<u8", n, f"{at}.ids")
+            values = r.array("<f4", n * dim, f"{at}.values").reshape(n, dim)
+            rows.append(RoundRows(table, ids.astype(np.uint64, copy=False), values))
+        r.finish()
+        return cls(epoch, round_no, bool(reset), applied, tuple(rows))

@@ -1,0 +1,97 @@
+import numpy as np
+import pytest
+
+from schemas import PublishedRound, RoundRows
+from trainer.replica import Position, RowReplica, follows
+
+WIDTH = 3
+
+
+def rows(ids, value: float) -> np.ndarray:
+    return np.full((len(ids), WIDTH), value, dtype=np.float32)
+
+
+def entry(epoch: int, round_no: int, ids=(), value: float = 0.0, reset: bool = False, applied=None,
+          table: str = "t") -> PublishedRound:
+    ids = np.array(ids, dtype=np.uint64)
+    parts = (RoundRows(table, ids, rows(ids, value)),) if len(ids) else ()
+    return PublishedRound(epoch, round_no, reset, applied or {}, parts)
+
+
+def held(replica: RowReplica, ids) -> np.ndarray:
+    slots = replica.lookup(np.array(ids, dtype=np.uint64))
+    assert (slots >= 0).all()
+    return replica.gather(slots)
+
+
+@pytest.mark.parametrize("position, round_, follows_it", [
+    (Position(1, 4), entry(1, 5), True),
+    (Position(1, 4), entry(1, 6), False),  # a round missing: trimmed before it was read
+    (Position(1, 4), entry(2, 5), False),  # another epoch
+    (Position(1, 4), entry(1, 5, reset=True), False),  # the shard republished everything
+    (None, entry(1, 5), False),  # nothing known before it
+    (Position(1, 4), None, False),  # it did not decode
+])
+def test_a_round_keeps_the_rows_held_only_if_it_follows_the_last_one_without_a_gap(
+        position, round_, follows_it) -> None:
+    assert follows(position, round_) is follows_it
+
+
+@pytest.mark.parametrize("id_bound", [None, 1 << 20])
+def test_rows_are_held_once_read_and_rounds_keep_them_current(id_bound) -> None:
+    replica = RowReplica("t", WIDTH, shards=2, id_bound=id_bound)
+    replica.start({0: (b"1-0", entry(9, 1)), 1: None})
+    assert replica.after == {0: b"1-0", 1: b"0-0"}
+    ids = np.array([5, 7, 11], dtype=np.uint64)
+    assert (replica.lookup(ids) == -1).all()
+    slots = replica.insert(ids, np.array([0, 0, 1]), rows(ids, 1.0))
+    assert replica.lookup(ids).tolist() == slots.tolist()
+    applied = replica.apply({0: [(b"2-0", entry(9, 2, [5, 99], 2.0, applied={"me": 4}))]})
+    assert applied == {0: {"me": 4}} and replica.drops == 0
+    assert held(replica, [5, 7, 11])[:, 0].tolist() == [2.0, 1.0, 1.0]  # 99 is not held: not added
+    assert replica.lookup(np.array([99], dtype=np.uint64))[0] == -1
+    # Shard 1's first round seen: nothing is known of what came before it, so its rows go.
+    replica.apply({1: [(b"2-1", entry(3, 8, [11], 3.0))]})
+    assert replica.lookup(ids).tolist()[2] == -1 and replica.drops == 1
+    replica.insert(ids[2:], np.array([1]), rows(ids[2:], 3.0))
+    replica.apply({1: [(b"3-1", entry(3, 9, [11], 4.0))]})
+    assert held(replica, [5, 7, 11])[:, 0].tolist() == [2.0, 1.0, 4.0]
+    assert replica.after == {0: b"2-0", 1: b"3-1"} and replica.drops == 1
+
+
+def test_a_gap_or_a_reset_drops_only_that_shards_rows() -> None:
+    replica = RowReplica("t", WIDTH, shards=2)
+    replica.start({0: (b"1-0", entry(1, 1)), 1: (b"1-1", entry(2, 1))})
+    ids = np.array([5, 6, 7], dtype=np.uint64)
+    replica.insert(ids, np.array([0, 1, 1]), rows(ids, 1.0))
+    generation = replica.generation
+    replica.apply({1: [(b"2-1", entry(2, 3, [6], 5.0))]})  # round 2 of shard 1 was missed
+    assert replica.generation > generation and replica.drops == 1
+    assert replica.lookup(ids).tolist()[1:] == [-1, -1] and held(replica, [5])[0, 0] == 1.0
+    replica.insert(ids[1:], np.array([1, 1]), rows(ids[1:], 6.0))
+    replica.apply({0: [(b"2-0", entry(7, 1, reset=True))]})  # shard 0 republished everything
+    assert replica.lookup(ids).tolist()[0] == -1 and held(replica, [6, 7])[:, 0].tolist() == [6.0, 6.0]
+    replica.apply({1: [(b"3-1", None)]})  # a round that did not decode: nothing known of it
+    assert (replica.lookup(ids) == -1).all() and replica.size == 0
+
+
+def test_rounds_of_other_tables_widths_or_ids_beyond_the_bound_change_nothing() -> None:
+    replica = RowReplica("t", WIDTH, shards=1, id_bound=100)
+    replica.start({0: (b"1-0", entry(1, 1))})
+    replica.insert(np.array([5], dtype=np.uint64), np.array([0]), rows([5], 1.0))
+    wide = PublishedRound(1, 3, False, {}, (RoundRows("t", np.array([5], dtype=np.uint64),
+                                                      np.zeros((1, WIDTH + 1), np.float32)),))
+    replica.apply({0: [(b"2-0", entry(1, 2, [5], 9.0, table="other")), (b"3-0", wide),
+                       (b"4-0", entry(1, 4, [5, 100], 9.0))]})
+    assert held(replica, [5])[0, 0] == 1.0 and replica.drops == 0
+
+
+def test_a_replica_that_outgrows_its_budget_starts_again_empty() -> None:
+    replica = RowReplica("t", WIDTH, shards=1, max_bytes=4 * WIDTH * 10, capacity=4)
+    first = np.arange(8, dtype=np.uint64)
+    replica.insert(first, np.zeros(8, np.int64), rows(first, 1.0))
+    generation = replica.generation
+    more = np.arange(8, 12, dtype=np.uint64)
+    slots = replica.insert(more, np.zeros(4, np.int64), rows(more, 2.0))
+    assert replica.generation > generation and replica.size == 4
+    assert (replica.lookup(first) == -1).all() and replica.lookup(more).tolist() == slots.tolist()
