@@ -16,15 +16,28 @@ from pserver.sharding import mix64, name_salt
 _EMPTY = np.uint64(0)  # slot marker in `_keys`; real ids are stored as id + 1 (see _slot_key)
 
 
+# Ids below this are found by one array read (hashed feature ids are below
+# `model.hash_buckets`, so usually all of them); larger ones by probing.
+DIRECT_IDS = 1 << 24
+
+
 class IdIndex:
-    """Open addressing with linear probing over numpy arrays; lookups and inserts run for a
-    whole batch at once, each probe step one vectorised pass over the keys still unresolved."""
+    """Id → row for a whole batch of ids at once.
+
+    Ids below `DIRECT_IDS` map through one array of a slot per possible id (`_direct`, row + 1,
+    0 when absent): one vectorised read, an order of magnitude cheaper than probing. It costs 4
+    bytes per possible id, but only the pages written are ever mapped, so at most 4 bytes
+    times the largest id below `DIRECT_IDS` (16 MB at 4M hash buckets). Other ids go to open
+    addressing with linear probing over numpy arrays, each probe step one vectorised pass
+    over the keys still unresolved."""
 
     def __init__(self, capacity: int = 1 << 16) -> None:
         capacity = 1 << max(4, int(capacity - 1).bit_length())
         self._keys = np.zeros(capacity, dtype=np.uint64)
         self._rows = np.zeros(capacity, dtype=np.int64)
+        self._direct = np.zeros(DIRECT_IDS, dtype=np.int32)  # calloc'd: mapped page by page as written
         self.size = 0
+        self._probed = 0  # ids in the probing part
 
     @property
     def capacity(self) -> int:
@@ -39,6 +52,15 @@ class IdIndex:
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:
         """Row index per id, -1 where absent."""
+        direct = ids < DIRECT_IDS
+        if direct.all():
+            return self._direct[ids].astype(np.int64) - 1
+        out = np.empty(len(ids), dtype=np.int64)
+        out[direct] = self._direct[ids[direct]].astype(np.int64) - 1
+        out[~direct] = self._probe(ids[~direct])
+        return out
+
+    def _probe(self, ids: np.ndarray) -> np.ndarray:
         keys = self._slot_key(ids)
         mask = np.uint64(self.capacity - 1)
         pos = mix64(keys) & mask
@@ -58,10 +80,17 @@ class IdIndex:
             return
         if np.any(ids == np.uint64(2**64 - 1)):
             raise ValueError("row id 2**64 - 1 is reserved")
-        if (self.size + len(ids)) * 2 > self.capacity:
-            self._grow(self.size + len(ids))
-        self._place(self._slot_key(ids), rows.astype(np.int64))
         self.size += len(ids)
+        direct = ids < DIRECT_IDS
+        if direct.all():
+            self._direct[ids] = rows + 1
+            return
+        self._direct[ids[direct]] = rows[direct] + 1
+        ids, rows = ids[~direct], rows[~direct]
+        if (self._probed + len(ids)) * 2 > self.capacity:
+            self._grow(self._probed + len(ids))
+        self._place(self._slot_key(ids), rows.astype(np.int64))
+        self._probed += len(ids)
 
     def _place(self, keys: np.ndarray, rows: np.ndarray) -> None:
         mask = np.uint64(self.capacity - 1)
@@ -86,26 +115,6 @@ class IdIndex:
         self._keys = np.zeros(capacity, dtype=np.uint64)
         self._rows = np.zeros(capacity, dtype=np.int64)
         self._place(keys, rows)
-
-
-class DirectIndex:
-    """Ids below `bound` (hashed feature ids: below `model.hash_buckets`) looked up by one
-    array read each: an order of magnitude cheaper than `IdIndex`'s probing, at 4 bytes per
-    possible id (pages never written are never mapped)."""
-
-    def __init__(self, bound: int) -> None:
-        self.bound = bound
-        self._rows = np.zeros(bound, dtype=np.int32)  # row + 1; 0: absent
-        self.size = 0
-
-    def lookup(self, ids: np.ndarray) -> np.ndarray:
-        """Row index per id, -1 where absent; every id must be below `bound`."""
-        return self._rows[ids].astype(np.int64) - 1
-
-    def insert(self, ids: np.ndarray, rows: np.ndarray) -> None:
-        """Add ids known to be absent and distinct, mapping them to `rows`."""
-        self._rows[ids] = rows + 1
-        self.size += len(ids)
 
 
 def initial_rows(table: str, ids: np.ndarray, dim: int, scale: float) -> np.ndarray:

@@ -25,13 +25,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pserver.rows import DirectIndex, IdIndex, row_view
+from pserver.rows import IdIndex, row_view
 from pserver.serving import Round
 from schemas import PublishedRound
 
 START = b"0-0"  # a stream position before every entry
-# Largest id bound looked up directly (`DirectIndex`, 4 bytes an id); above, by probing.
-DIRECT_MAX = 1 << 26
 
 
 @dataclass(frozen=True)
@@ -53,12 +51,10 @@ class RowReplica:
     """Rows of one table (the model's `RowLayout`) by id, each with its owning shard, and
     the position in each shard's rounds stream they are current to."""
 
-    def __init__(self, table: str, width: int, shards: int, id_bound: int | None = None,
-                 max_bytes: int = 256 << 20, capacity: int = 1 << 16) -> None:
-        """`id_bound`: every id is below it (`model.hash_buckets`), None if unknown."""
+    def __init__(self, table: str, width: int, shards: int, max_bytes: int = 256 << 20,
+                 capacity: int = 1 << 16) -> None:
         self.table = table
         self.width = width
-        self.id_bound = id_bound if id_bound is not None and id_bound <= DIRECT_MAX else None
         self.max_rows = max(capacity, max_bytes // (4 * max(width, 1)))
         self.after: dict[int, bytes] = {s: START for s in range(shards)}  # stream id read last
         self._positions: dict[int, Position | None] = {s: None for s in range(shards)}
@@ -124,10 +120,7 @@ class RowReplica:
         for rows in entry.rows:
             if rows.table != self.table or not self._size or rows.values.shape[1] != self.width:
                 continue
-            ids = rows.ids
-            if self.id_bound is not None and len(ids) and int(ids.max()) >= self.id_bound:
-                continue  # not a row this trainer's features can have
-            slots = self._index.lookup(ids)
+            slots = self._index.lookup(rows.ids)
             held = slots >= 0
             if held.all():
                 np.put(row_view(self._values), slots, row_view(np.ascontiguousarray(rows.values)))
@@ -149,7 +142,7 @@ class RowReplica:
             self.insert(ids, kept_owners, values)
 
     def _clear(self, capacity: int) -> None:
-        self._index = IdIndex(capacity * 2) if self.id_bound is None else DirectIndex(self.id_bound)
+        self._index = IdIndex(capacity * 2)
         self._ids = np.zeros(capacity, dtype=np.uint64)
         self._owners = np.zeros(capacity, dtype=np.int32)
         self._values = np.zeros((capacity, self.width), dtype=np.float32)

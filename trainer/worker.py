@@ -173,8 +173,7 @@ class Trainer:
         self.layout.load({})
         self.redis = redis_client(self.endpoints)
         client = ParamClient(self.redis, config.name, self.slot_map)
-        self.sync = ParamSync(client, self.layout, replica=RowReplica(
-            self.rows.name, self.rows.width, self.shards, id_bound=config.model.hash_buckets))
+        self.sync = ParamSync(client, self.layout, replica=RowReplica(self.rows.name, self.rows.width, self.shards))
         self.buffer = GradientBuffer(self.slot_map, self.shards)
         # Read-your-writes (trainer/own.py): the dense changes of the pushes the shards have not
         # published yet are added to every pull, estimated with the job's own update rule.

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pserver.rows import DirectIndex, IdIndex, RowTable, initial_rows
+from pserver.rows import DIRECT_IDS, IdIndex, RowTable, initial_rows
 
 
 @settings(max_examples=50, deadline=None)
@@ -27,7 +27,7 @@ def test_index_finds_every_inserted_id_and_nothing_else(batches) -> None:
 
 def test_index_grows_and_keeps_every_mapping() -> None:
     index = IdIndex(16)
-    ids = np.arange(0, 200_000, 3, dtype=np.uint64)
+    ids = np.arange(0, 200_000, 3, dtype=np.uint64) + np.uint64(DIRECT_IDS)  # the probing part
     index.insert(ids, np.arange(len(ids)))
     assert index.capacity >= 2 * len(ids)
     assert np.array_equal(index.lookup(ids), np.arange(len(ids)))
@@ -51,12 +51,14 @@ def test_table_creates_rows_on_first_touch_and_reuses_them() -> None:
     assert np.all(table.state["sum"][: table.size] == 0)
 
 
-def test_a_direct_index_maps_ids_below_its_bound_as_the_probing_one_does() -> None:
+def test_ids_below_and_above_the_direct_range_map_alike() -> None:
     rng = np.random.default_rng(1)
-    ids = np.unique(rng.integers(0, 1 << 16, 500)).astype(np.uint64)
-    direct, probing = DirectIndex(1 << 16), IdIndex()
-    for index in (direct, probing):
-        index.insert(ids[:300], np.arange(300))
-    probe = np.concatenate([ids, np.array([0, (1 << 16) - 1], dtype=np.uint64)])
-    assert direct.lookup(probe).tolist() == probing.lookup(probe).tolist()
-    assert direct.size == 300
+    small = np.unique(rng.integers(0, DIRECT_IDS, 400)).astype(np.uint64)
+    large = np.unique(rng.integers(DIRECT_IDS, 2**63, 400)).astype(np.uint64)
+    ids = np.concatenate([small, large, np.array([DIRECT_IDS - 1, DIRECT_IDS], dtype=np.uint64)])
+    rng.shuffle(ids)
+    index = IdIndex(capacity=16)  # the probing part grows as well
+    index.insert(ids[:500], np.arange(500))
+    found = index.lookup(ids)
+    assert found[:500].tolist() == list(range(500)) and (found[500:] == -1).all()
+    assert index.size == 500

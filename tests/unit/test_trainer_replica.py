@@ -37,25 +37,26 @@ def test_a_round_keeps_the_rows_held_only_if_it_follows_the_last_one_without_a_g
     assert follows(position, round_) is follows_it
 
 
-@pytest.mark.parametrize("id_bound", [None, 1 << 20])
-def test_rows_are_held_once_read_and_rounds_keep_them_current(id_bound) -> None:
-    replica = RowReplica("t", WIDTH, shards=2, id_bound=id_bound)
+@pytest.mark.parametrize("base", [0, 2**40])  # ids found directly, and by probing
+def test_rows_are_held_once_read_and_rounds_keep_them_current(base) -> None:
+    a, b, c, d = (base + i for i in (5, 7, 11, 99))
+    replica = RowReplica("t", WIDTH, shards=2)
     replica.start({0: (b"1-0", entry(9, 1)), 1: None})
     assert replica.after == {0: b"1-0", 1: b"0-0"}
-    ids = np.array([5, 7, 11], dtype=np.uint64)
+    ids = np.array([a, b, c], dtype=np.uint64)
     assert (replica.lookup(ids) == -1).all()
     slots = replica.insert(ids, np.array([0, 0, 1]), rows(ids, 1.0))
     assert replica.lookup(ids).tolist() == slots.tolist()
-    applied = replica.apply({0: [(b"2-0", entry(9, 2, [5, 99], 2.0, applied={"me": 4}))]})
+    applied = replica.apply({0: [(b"2-0", entry(9, 2, [a, d], 2.0, applied={"me": 4}))]})
     assert applied == {0: {"me": 4}} and replica.drops == 0
-    assert held(replica, [5, 7, 11])[:, 0].tolist() == [2.0, 1.0, 1.0]  # 99 is not held: not added
-    assert replica.lookup(np.array([99], dtype=np.uint64))[0] == -1
+    assert held(replica, [a, b, c])[:, 0].tolist() == [2.0, 1.0, 1.0]  # d is not held: not added
+    assert replica.lookup(np.array([d], dtype=np.uint64))[0] == -1
     # Shard 1's first round seen: nothing is known of what came before it, so its rows go.
-    replica.apply({1: [(b"2-1", entry(3, 8, [11], 3.0))]})
+    replica.apply({1: [(b"2-1", entry(3, 8, [c], 3.0))]})
     assert replica.lookup(ids).tolist()[2] == -1 and replica.drops == 1
     replica.insert(ids[2:], np.array([1]), rows(ids[2:], 3.0))
-    replica.apply({1: [(b"3-1", entry(3, 9, [11], 4.0))]})
-    assert held(replica, [5, 7, 11])[:, 0].tolist() == [2.0, 1.0, 4.0]
+    replica.apply({1: [(b"3-1", entry(3, 9, [c], 4.0))]})
+    assert held(replica, [a, b, c])[:, 0].tolist() == [2.0, 1.0, 4.0]
     assert replica.after == {0: b"2-0", 1: b"3-1"} and replica.drops == 1
 
 
@@ -75,14 +76,14 @@ def test_a_gap_or_a_reset_drops_only_that_shards_rows() -> None:
     assert (replica.lookup(ids) == -1).all() and replica.size == 0
 
 
-def test_rounds_of_other_tables_widths_or_ids_beyond_the_bound_change_nothing() -> None:
-    replica = RowReplica("t", WIDTH, shards=1, id_bound=100)
+def test_rounds_of_other_tables_or_widths_change_nothing() -> None:
+    replica = RowReplica("t", WIDTH, shards=1)
     replica.start({0: (b"1-0", entry(1, 1))})
     replica.insert(np.array([5], dtype=np.uint64), np.array([0]), rows([5], 1.0))
     wide = PublishedRound(1, 3, False, {}, (RoundRows("t", np.array([5], dtype=np.uint64),
                                                       np.zeros((1, WIDTH + 1), np.float32)),))
     replica.apply({0: [(b"2-0", entry(1, 2, [5], 9.0, table="other")), (b"3-0", wide),
-                       (b"4-0", entry(1, 4, [5, 100], 9.0))]})
+                       (b"4-0", entry(1, 4, [6], 9.0))]})
     assert held(replica, [5])[0, 0] == 1.0 and replica.drops == 0
 
 
