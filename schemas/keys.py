@@ -176,6 +176,13 @@ class RedisKeys:
         trainer can tell which of its own pushes a pull already includes."""
         return f"{self.prefix}applied:{_redis_check.integer('shard', shard, hi=U32_MAX)}"
 
+    def published(self, shard: int, trainer_id: str) -> str:
+        """A pub/sub channel: each publish round that carries a newer step of `trainer_id`
+        than the round before sends the step here, so that trainer, waiting for its pushes,
+        wakes when one is published instead of polling `applied(shard)`."""
+        return (f"{self.prefix}published:{_redis_check.integer('shard', shard, hi=U32_MAX)}:"
+                f"{_redis_check.text('trainer_id', trainer_id)}")
+
     def rounds(self, shard: int) -> str:
         """A stream of the shard's publish rounds (`PublishedRound`, field ``r``), newest few
         hundred kept: trainers follow it to keep the rows they hold current."""

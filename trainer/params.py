@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -170,14 +169,6 @@ class ParamSync:
         pending = self.client.send_pull(*request, row_shards={replica.table: owners[cold]},
                                         rounds=replica.after)
         return PendingFetch(self, request, ids, dense, pending, _Cold(slots, cold, owners, replica.generation))
-
-    def await_rounds(self, timeout_s: float, shards: Iterable[int] | None = None) -> dict[int, dict[str, int]]:
-        """Wait up to `timeout_s` for the next rounds of `shards` (all: None) and apply them to
-        the replica; returns the newest `applied` each shard's rounds carried (`InFlight`)."""
-        after = self.replica.after
-        if shards is not None:
-            after = {s: after[s] for s in shards}
-        return self.replica.apply(self.client.wait_rounds(after, timeout_s))
 
     def pull_dense(self) -> None:
         keys = [(b.param, b.block) for b in self.layout.blocks]

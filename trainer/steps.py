@@ -89,12 +89,12 @@ class StepGate:
 class InFlight:
     """Async mode's bound on a trainer's own pushes not yet visible (`train.max_in_flight`).
 
-    `await_applied(timeout_s, shards)` waits up to `timeout_s` for the next publish rounds of
-    `shards` and returns the newest `applied` ({shard: {trainer id: step}}) they carried
-    (`ParamSync.await_rounds`, which also keeps the trainer's rows current with them): the
-    trainer sleeps until a round of a shard it waits for lands, instead of polling."""
+    `await_applied(timeout_s)` waits up to `timeout_s` for the shards' next publish rounds and
+    returns the newest `applied` ({shard: {trainer id: step}}) they announced
+    (`pserver.serving.AppliedWatch.wait`): the trainer sleeps until a round lands instead of
+    polling."""
 
-    def __init__(self, limit: int, await_applied: Callable[[float, list[int]], dict[int, dict[str, int]]],
+    def __init__(self, limit: int, await_applied: Callable[[float], dict[int, dict[str, int]]],
                  trainer_id: str, max_wait_s: float) -> None:
         self.limit = limit
         self.await_applied = await_applied
@@ -109,12 +109,12 @@ class InFlight:
         After `max_wait_s` it goes on and never waits for those pushes again: a shard that is
         down slows each push by one wait, not by one wait per push."""
         began = time.monotonic()
-        while lagging := own.lagging(self._given_up, through, self.limit):
+        while own.lagging(self._given_up, through, self.limit):
             if time.monotonic() - began > self.max_wait_s:
                 log.warning("trainer %s: %d pushes still unpublished after %.0f s; going on", self.trainer_id,
                             own.in_flight(through), self.max_wait_s)
                 self._given_up = through
                 break
             check()
-            own.published(self.await_applied(0.05, lagging))
+            own.published(self.await_applied(0.05))
         self.waited_s = time.monotonic() - began

@@ -34,7 +34,7 @@ from master.etcd import Etcd
 from master.membership import register_trainer, wait_for_job_config
 from master.tasks import ClaimedTask, TaskClient
 from pserver.optimizers import make_rule
-from pserver.serving import ParamClient, ParamsUnavailableError
+from pserver.serving import AppliedWatch, ParamClient, ParamsUnavailableError
 from pserver.sharding import SlotMap
 from schemas import DeadLetter, EtcdKeys, Topics
 from streamtrain.observability import TrainerMetrics
@@ -141,6 +141,7 @@ class Trainer:
                 finally:
                     self.loader.close()
                     self.delivery.close()
+                    self.applied_watch.close()
                     self.redis.close()
                     self.lease.revoke()
                     gc.unfreeze()
@@ -190,7 +191,8 @@ class Trainer:
         self._since_dense: int | None = None  # mini-batches since the dense blocks were pulled
         self.gate = StepGate(self.redis, config.name, self.shards, config.train.sgd, config.train.staleness,
                              self.trainer_id, max_wait_s=max(1.0, config.tasks.timeout_s / 3))
-        self.in_flight = InFlight(config.train.max_in_flight, self.sync.await_rounds, self.trainer_id,
+        self.applied_watch = AppliedWatch(self.redis, config.name, self.shards, self.trainer_id)
+        self.in_flight = InFlight(config.train.max_in_flight, self.applied_watch.wait, self.trainer_id,
                                   max_wait_s=max(1.0, config.tasks.timeout_s / 3)
                                   ) if config.train.sgd == "async" else None
         self.step = self.gate.first_step() if self.gate.active else self.own.first_step(client.applied())

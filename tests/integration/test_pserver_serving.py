@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
 
 from pserver.optimizers import Adagrad
-from pserver.serving import ParamClient, ParamsUnavailableError, Publisher, Snapshot
+from pserver.serving import AppliedWatch, ParamClient, ParamsUnavailableError, Publisher, Snapshot
 from pserver.sharding import SlotMap
 from pserver.state import Changes, ShardState
 from schemas import DenseSlice, GradientDelta, SparseRows, TaskRecord
@@ -135,12 +137,19 @@ def test_a_trainers_replica_reads_rows_once_and_follows_the_rounds_that_change_t
     assert sync.replica.drops == 2
 
 
-def test_waiting_for_rounds_returns_the_applied_steps_they_carry(redis_conn, unique) -> None:
-    job, slot_map = unique("rounds"), SlotMap.uniform(128, 1)
-    state = trained_shard(job, 0, slot_map, np.arange(10, dtype=np.uint64))
-    publisher = Publisher(redis_conn, job, 0)
-    publisher.publish_all(state)
-    sync = replica_sync(redis_conn, job, slot_map)
-    assert sync.await_rounds(0.01) == {}  # nothing new: waits out the timeout
-    publisher.send(Snapshot([], []), {"t": 7})  # a round of duplicates only: no rows, a step
-    assert sync.await_rounds(1.0) == {0: {"t": 7}}
+def test_a_watch_wakes_when_a_round_carries_a_newer_step_of_its_trainer_and_reads_the_keys_if_none_comes(
+        redis_conn, unique) -> None:
+    job, slot_map = unique("watch"), SlotMap.uniform(128, 2)
+    publisher = Publisher(redis_conn, job, 1)
+    publisher.send(Snapshot([], []), {"t": 3})  # before anyone listens: read from the key
+    watch = AppliedWatch(redis_conn, job, 2, "t")
+    try:
+        assert watch.wait(0.01) == {1: {"t": 3}}
+        publisher.send(Snapshot([], []), {"t": 7})  # a round of duplicates only: no rows, a step
+        publisher.send(Snapshot([], []), {"t": 8, "u": 1})
+        assert watch.wait(1.0) == {1: {"t": 8}}  # the newest of what arrived
+        began = time.monotonic()
+        publisher.send(Snapshot([], []), {"t": 8, "u": 2})  # another trainer's step: no wake
+        assert watch.wait(0.2) == {1: {"t": 8, "u": 2}} and time.monotonic() - began >= 0.2
+    finally:
+        watch.close()

@@ -206,7 +206,7 @@ def test_in_flight_waits_until_at_most_the_limit_of_own_pushes_is_unpublished() 
     published = iter(range(4))
     reads = []
 
-    def read_applied(timeout_s: float, shards: list[int]):
+    def read_applied(timeout_s: float):
         step = next(published)
         reads.append(step)
         return {0: {ME: step, "other": 99}, 1: {ME: step}}
@@ -214,7 +214,7 @@ def test_in_flight_waits_until_at_most_the_limit_of_own_pushes_is_unpublished() 
     window = InFlight(1, read_applied, ME, max_wait_s=5.0)
     window.wait(own, 3)
     assert reads == [0, 1, 2] and own.in_flight(3) == 1  # step 3 may stay in flight
-    window = InFlight(0, lambda timeout_s, shards: {0: {ME: 3}, 1: {ME: 3}}, ME, max_wait_s=5.0)
+    window = InFlight(0, lambda timeout_s: {0: {ME: 3}, 1: {ME: 3}}, ME, max_wait_s=5.0)
     window.wait(own, 3)
     assert own.in_flight(3) == 0
 
@@ -223,7 +223,7 @@ def test_in_flight_stops_waiting_when_the_commit_failed_or_the_cap_passes() -> N
     own = pushes()
     push(own, 0)
     push(own, 1)
-    never = InFlight(1, lambda timeout_s, shards: {}, ME, max_wait_s=0.05)
+    never = InFlight(1, lambda timeout_s: {}, ME, max_wait_s=0.05)
     never.wait(own, 1)  # returns after the cap, with a warning
     assert never.waited_s >= 0.05 and own.in_flight(1) == 2
 
@@ -231,7 +231,7 @@ def test_in_flight_stops_waiting_when_the_commit_failed_or_the_cap_passes() -> N
         raise DeliveryError("commit failed")
 
     with pytest.raises(DeliveryError):
-        InFlight(1, lambda timeout_s, shards: {}, ME, max_wait_s=5.0).wait(own, 1, failed)
+        InFlight(1, lambda timeout_s: {}, ME, max_wait_s=5.0).wait(own, 1, failed)
     # After a timeout those pushes are not waited for again: a shard that is down costs one wait.
     push(own, 2)
     began = time.monotonic()
