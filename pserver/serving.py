@@ -367,12 +367,15 @@ class AppliedWatch:
             if self._pubsub is None:
                 self._pubsub = self._redis.pubsub()
                 self._pubsub.subscribe(*self._channels)
-            # Raw replies: get_message's dispatch cost more than the wait's other work.
-            reply = self._pubsub.parse_response(block=False, timeout=timeout_s)
-            while reply is not None:
+            # Raw replies off the subscribed connection: get_message's dispatch and retry
+            # layers cost more than the rest of the wait.
+            conn = self._pubsub.connection
+            wait = timeout_s
+            while conn.can_read(timeout=wait):
+                reply = conn.read_response(push_request=True)  # RESP3: messages are pushes
                 if reply[0] == b"message" and reply[1] in self._channels:
                     out[self._channels[reply[1]]] = {self._trainer_id: int(reply[2])}
-                reply = self._pubsub.parse_response(block=False, timeout=0)
+                wait = 0
         except redis.RedisError:
             self.close()
         if not out:
