@@ -126,6 +126,10 @@ class ShardState:
 
 def _distinct(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Trainers send each id once per delta; if one did not, its gradients are summed."""
+    if len(ids) < 2 or bool((ids[1:] > ids[:-1]).all()):
+        # Strictly increasing, as a trainer sends them: distinct, known in one pass, where
+        # np.unique's sort was a tenth of a shard's apply.
+        return ids, grads.astype(np.float32, copy=False)
     unique, inverse = np.unique(ids, return_inverse=True)
     if len(unique) == len(ids):
         return ids, grads.astype(np.float32, copy=False)
