@@ -19,6 +19,9 @@ def le(fmt: str) -> struct.Struct:
 
 PREAMBLE = le("2sB")  # magic, format version
 _U8 = le("B")
+# A table's rows (gradient deltas, published rounds): name length, row count, dim; then the
+# name, zero padding to 8 bytes, the u64 ids and the values row after row.
+_ROWS = le("BIH")
 
 
 class Reader:
@@ -82,6 +85,14 @@ class Reader:
         if pad and any(self.take(pad, field)):
             raise self.check.error(field, "padding bytes must be zero")
 
+    def table_rows(self, at: str, dtype: str) -> tuple[str, np.ndarray, np.ndarray]:
+        """A table's rows (`Writer.table_rows`): its name, ids (u64) and (n, dim) values."""
+        name_len, n, dim = self.unpack(_ROWS, at)
+        table = self.text(name_len, f"{at}.table")
+        self.align(8, f"{at}.padding")
+        ids = self.array("<u8", n, f"{at}.ids")
+        return table, ids, self.array(dtype, n * dim, f"{at}.values").reshape(n, dim)
+
     def finish(self) -> None:
         if self.pos != len(self.buf):
             raise self.check.error("$", f"{len(self.buf) - self.pos} unexpected bytes after the end")
@@ -112,6 +123,14 @@ class Writer:
 
     def array(self, values: np.ndarray, dtype: str) -> None:
         self.add(np.ascontiguousarray(values, dtype=dtype).reshape(-1))
+
+    def table_rows(self, table: str, ids: np.ndarray, values: np.ndarray, dtype: str) -> None:
+        name = table.encode("utf-8")
+        self.pack(_ROWS, len(name), ids.size, values.shape[1])
+        self.add(name)
+        self.align(8)
+        self.array(ids, "<u8")
+        self.array(values, dtype)
 
     def getvalue(self) -> bytes:
         return b"".join(self.parts)

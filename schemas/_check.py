@@ -101,6 +101,24 @@ class Check:
             raise self.error(f"{field}[{at}]", f"{word} not allowed")
         raise self.error(field, f"{word} not allowed (at [{at}])")
 
+    def rows(self, field: str, ids: object, values: object, per: str) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of a table: `ids` a 1-D array of non-negative integers, `values` one finite row
+        of 1 to 65535 floats per id, at most U32_MAX rows (one `per`); returns them as uint64
+        and C-contiguous float32, copied only if they are not already. Fields `<field>ids`
+        and `<field>values`."""
+        if not isinstance(ids, np.ndarray) or ids.dtype.kind not in "iu" or ids.ndim != 1:
+            raise self.error(f"{field}ids", f"expected a 1-D integer array, got {_describe(ids)}")
+        if ids.dtype.kind == "i" and ids.size and ids.min() < 0:
+            raise self.error(f"{field}ids", f"negative id at [{int(np.argmax(ids < 0))}]")
+        values = self.float_array(f"{field}values", values, ndim=2)
+        if values.shape[0] != ids.size:
+            raise self.error(f"{field}values", f"{values.shape[0]} rows for {ids.size} ids")
+        if not 1 <= values.shape[1] <= U16_MAX:
+            raise self.error(f"{field}values", f"dim {values.shape[1]} is out of range [1, {U16_MAX}]")
+        if ids.size > U32_MAX:
+            raise self.error(f"{field}ids", f"{ids.size} rows, at most {U32_MAX} per {per}")
+        return ids.astype(np.uint64, copy=False), values
+
     def float_array(self, field: str, values: object, ndim: int) -> np.ndarray:
         """Any floating array of the right rank, as C-contiguous float32 (no copy if it already is)."""
         if not isinstance(values, np.ndarray):
@@ -133,3 +151,9 @@ def _nonfinite_word(value: float) -> str:
 def nested(err: SchemaError, check: Check, prefix: str) -> SchemaError:
     """Re-home an error raised by a part (a DenseSlice, a FileEntry) under its place in the whole."""
     return check.error(f"{prefix}.{err.field}", err.reason)
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype} array of shape {value.shape}"
+    return type(value).__name__

@@ -8,7 +8,7 @@ from typing import Literal
 import numpy as np
 
 from ._binary import BytesLike, Reader, Writer, le
-from ._check import U16_MAX, U32_MAX, U64_MAX, Check, nested
+from ._check import U32_MAX, U64_MAX, Check, nested
 from .errors import SchemaError
 
 VERSION = 1
@@ -27,7 +27,6 @@ _F16_OVERFLOW = 65520.0
 # counts, task_id and trainer_id byte lengths.
 _HEADER = le("BIQQQIIHH")
 _DENSE = le("BIQI")  # param name length, block, offset, value count
-_SPARSE = le("BIH")  # table name length, rows, dim
 # Arrays start on 8-byte boundaries so the decoder's frombuffer views are aligned.
 _ALIGN = 8
 
@@ -76,19 +75,8 @@ class SparseRows:
 
     def __post_init__(self) -> None:
         _rows_check.name("table", self.table)
-        ids = self.ids
-        if not isinstance(ids, np.ndarray) or ids.dtype.kind not in "iu" or ids.ndim != 1:
-            raise _rows_check.error("ids", f"expected a 1-D integer array, got {_describe(ids)}")
-        if ids.dtype.kind == "i" and ids.size and ids.min() < 0:
-            raise _rows_check.error("ids", f"negative id at [{int(np.argmax(ids < 0))}]")
-        values = _rows_check.float_array("values", self.values, ndim=2)
-        if values.shape[0] != ids.size:
-            raise _rows_check.error("values", f"{values.shape[0]} rows for {ids.size} ids")
-        if not 1 <= values.shape[1] <= U16_MAX:
-            raise _rows_check.error("values", f"dim {values.shape[1]} is out of range [1, {U16_MAX}]")
-        if ids.size > U32_MAX:
-            raise _rows_check.error("ids", f"{ids.size} rows, at most {U32_MAX} per entry")
-        object.__setattr__(self, "ids", ids.astype(np.uint64, copy=False))
+        ids, values = _rows_check.rows("", self.ids, self.values, per="entry")
+        object.__setattr__(self, "ids", ids)
         object.__setattr__(self, "values", values)
 
     @property
@@ -167,12 +155,7 @@ class GradientDelta:
             w.align(_ALIGN)
             w.array(part.values, wire)
         for rows in self.sparse:
-            table = rows.table.encode("utf-8")
-            w.pack(_SPARSE, len(table), rows.ids.size, rows.dim)
-            w.add(table)
-            w.align(_ALIGN)
-            w.array(rows.ids, "<u8")
-            w.array(rows.values, wire)
+            w.table_rows(rows.table, rows.ids, rows.values, wire)
         return w.getvalue()
 
     @classmethod
@@ -203,11 +186,8 @@ class GradientDelta:
         sparse = []
         for i in range(n_sparse):
             at = f"sparse[{i}]"
-            name_len, n, dim = r.unpack(_SPARSE, at)
-            table = r.text(name_len, f"{at}.table")
-            r.align(_ALIGN, f"{at}.padding")
-            ids = r.array("<u8", n, f"{at}.ids")
-            values = _widen(r.array(wire, n * dim, f"{at}.values")).reshape(n, dim)
+            table, ids, values = r.table_rows(at, wire)
+            values = _widen(values)
             try:
                 sparse.append(SparseRows(table, ids, values))
             except SchemaError as err:
@@ -235,9 +215,3 @@ def _fits_float16(field: str, values: np.ndarray) -> None:
 
 def _widen(values: np.ndarray) -> np.ndarray:
     return values.astype(np.float32) if values.dtype.itemsize == 2 else values
-
-
-def _describe(value: object) -> str:
-    if isinstance(value, np.ndarray):
-        return f"{value.dtype} array of shape {value.shape}"
-    return type(value).__name__

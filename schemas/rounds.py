@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._binary import BytesLike, Reader, Writer, le
-from ._check import U16_MAX, U32_MAX, U64_MAX, Check
+from ._check import U16_MAX, U64_MAX, Check
 
 VERSION = 1
 MAGIC = b"SR"
@@ -16,8 +16,6 @@ _check = Check("PublishedRound", VERSION)
 
 # After magic and version: epoch, round, reset flag, applied JSON length, table count.
 _HEADER = le("QQBIH")
-_TABLE = le("BIH")  # table name length, rows, dim
-_ALIGN = 8
 
 
 @dataclass(frozen=True, eq=False)
@@ -25,21 +23,13 @@ class RoundRows:
     """Rows of one table as a round left them: ``values[i]`` is row ``ids[i]``; ids distinct."""
 
     table: str
-    ids: np.ndarray  # uint64
+    ids: np.ndarray  # non-negative integers, kept as uint64
     values: np.ndarray  # (len(ids), dim) float32
 
     def __post_init__(self) -> None:
         _check.name("rows.table", self.table)
-        ids = self.ids
-        if not isinstance(ids, np.ndarray) or ids.dtype != np.uint64 or ids.ndim != 1:
-            raise _check.error("rows.ids", "expected a 1-D uint64 array")
-        values = _check.float_array("rows.values", self.values, ndim=2)
-        if values.shape[0] != ids.size:
-            raise _check.error("rows.values", f"{values.shape[0]} rows for {ids.size} ids")
-        if not 1 <= values.shape[1] <= U16_MAX:
-            raise _check.error("rows.values", f"dim {values.shape[1]} is out of range [1, {U16_MAX}]")
-        if ids.size > U32_MAX:
-            raise _check.error("rows.ids", f"{ids.size} rows, at most {U32_MAX} per table")
+        ids, values = _check.rows("rows.", self.ids, self.values, per="table")
+        object.__setattr__(self, "ids", ids)
         object.__setattr__(self, "values", values)
 
 
@@ -83,12 +73,7 @@ class PublishedRound:
         w.pack(_HEADER, self.epoch, self.round, int(self.reset), len(applied), len(self.rows))
         w.add(applied)
         for rows in self.rows:
-            table = rows.table.encode("utf-8")
-            w.pack(_TABLE, len(table), rows.ids.size, rows.values.shape[1])
-            w.add(table)
-            w.align(_ALIGN)
-            w.array(rows.ids, "<u8")
-            w.array(rows.values, "<f4")
+            w.table_rows(rows.table, rows.ids, rows.values, "<f4")
         return w.getvalue()
 
     @classmethod
@@ -104,12 +89,6 @@ class PublishedRound:
             raise _check.error("applied", f"not JSON: {exc}") from exc
         rows = []
         for i in range(tables):
-            at = f"rows[{i}]"
-            name_len, n, dim = r.unpack(_TABLE, at)
-            table = r.text(name_len, f"{at}.table")
-            r.align(_ALIGN, f"{at}.padding")
-            ids = r.array("<u8", n, f"{at}.ids")
-            values = r.array("<f4", n * dim, f"{at}.values").reshape(n, dim)
-            rows.append(RoundRows(table, ids.astype(np.uint64, copy=False), values))
+            rows.append(RoundRows(*r.table_rows(f"rows[{i}]", "<f4")))
         r.finish()
         return cls(epoch, round_no, bool(reset), applied, tuple(rows))

@@ -34,8 +34,9 @@ def test_an_invalid_round_raises_schema_error_naming_the_field(overrides, field)
     assert (info.value.format, info.value.field) == ("PublishedRound", field)
 
 
-def test_rows_must_be_uint64_ids_with_one_finite_row_each() -> None:
-    for ids, values, field in [(np.array([1], dtype=np.int64), np.zeros((1, 2), np.float32), "rows.ids"),
+def test_rows_must_be_non_negative_ids_with_one_finite_row_each() -> None:
+    for ids, values, field in [(np.array([-1], dtype=np.int64), np.zeros((1, 2), np.float32), "rows.ids"),
+                               (np.array([1.0]), np.zeros((1, 2), np.float32), "rows.ids"),
                                (np.array([1], dtype=np.uint64), np.zeros((2, 2), np.float32), "rows.values"),
                                (np.array([1], dtype=np.uint64), np.full((1, 2), np.nan, np.float32), "rows.values")]:
         with pytest.raises(SchemaError) as info:
