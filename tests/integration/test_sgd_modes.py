@@ -31,13 +31,16 @@ def test_sync_barrier_releases_steps_and_lets_a_frozen_trainer_go(services, redi
         background.start(lambda stop: Master(Etcd.connect(services), services, config).run(stop))
         for i in range(2):
             background.start(lambda stop, i=i: PserverShard(services, ShardOptions(config.name, i, lease_ttl_s=2)).run(stop))
-        # The process (which imports torch) first, the in-process trainer once it trains: the
-        # other way round the steady one could train most of the 250 steps alone first, leaving
-        # fewer than the 10 below for after the freeze.
+        # Paused (no task is claimed) until both trainers are up: the first one up, alone, could
+        # otherwise train most of the 250 steps, or all of them, before the other starts (a
+        # fresh clone's CI saw the in-process one find no task left).
+        pause = EtcdKeys(config.name).control("pause")
+        coord.put(pause, b"until both trainers are up")
         frozen = trainer_process(services, config.name, "frozen", tmp_path)
-        wait_for(lambda: "frozen" in (shard_stats(redis_conn, config.name)[0].get("barrier") or {})
-                 .get("participants", []), 90, "the trainer process at the barrier", interval=0.1)
         background.start(lambda stop: Trainer(services, config.name, "steady", lease_ttl_s=2).run(stop))
+        wait_for(lambda: {e.key.rsplit("/", 1)[1] for e in coord.range(EtcdKeys(config.name).trainers_prefix)}
+                 >= {"frozen", "steady"}, 90, "both trainers registered", interval=0.1)
+        coord.delete_prefix(pause)
         # Both trainers at the barrier: each step waits for both.
         wait_for(lambda: len((shard_stats(redis_conn, config.name)[0].get("barrier") or {})
                              .get("participants", [])) == 2, 90, "two trainers at the barrier", interval=0.1)
