@@ -60,9 +60,11 @@ class StepBarrier:
             self.next_step = self.next_step + 1 if members else min(self._waiting, default=self.next_step)
         return out
 
-    def oldest_offset(self) -> int | None:
-        """The first gradient offset consumed but not applied: a checkpoint must resume there."""
-        return min((o for waiting in self._waiting.values() for o, _ in waiting), default=None)
+    def applied_below(self, consumed: int) -> int:
+        """The offset below which every delta is applied, given that those below `consumed`
+        are consumed: deltas waiting here are consumed but not applied (a checkpoint resumes
+        there; the dedup ledger folds only below it)."""
+        return min((o for waiting in self._waiting.values() for o, _ in waiting), default=consumed)
 
     @property
     def waiting(self) -> int:

@@ -506,10 +506,13 @@ class PserverShard:
     # -- dedup folding -------------------------------------------------------------------
     def _fold_dedup(self) -> None:
         """Two steps, never in one call: read the master's watermarks, then the topic's log
-        end; fold only once consumption has passed that end, so no delta committed before the
-        watermark was read can still be in flight."""
+        end; fold only once everything before that end is applied, so no delta committed before
+        the watermark was read can still be in flight. Applied, not consumed: a delta held at
+        the sync barrier past the fold would be dropped as stale when released, and its
+        examples lost (a task is done, and the watermark passes it, once its deltas are in
+        the topic, not once they are applied)."""
         self.fold_checks += 1
-        if self._fold is not None and self.next_offset >= self._fold[1]:
+        if self._fold is not None and self.barrier.applied_below(self.next_offset) >= self._fold[1]:
             self.state.fold(self._fold[0])
             self._fold = None
         if self._fold is None:
@@ -524,8 +527,7 @@ class PserverShard:
     def checkpoint(self, checkpoint_id: str | None = None) -> str:
         started = time.monotonic()
         # Deltas waiting at the sync barrier are consumed but not applied: resume before them.
-        waiting = self.barrier.oldest_offset()
-        resume = self.next_offset if waiting is None else waiting
+        resume = self.barrier.applied_below(self.next_offset)
         manifest = self.store.save(self.state, {self.grad_topic: resume},
                                    self.state.dedup.watermarks(), self.slot_map.slots_of(self.index),
                                    checkpoint_id)
