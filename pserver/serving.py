@@ -8,17 +8,22 @@ half of it. Redis is a cache: a shard republishes everything when its version ke
 (FLUSHALL, a restarted Redis), and a reader that finds a shard's version missing is told to
 retry rather than handed initial values.
 
-Each round is also appended, rows and values in one `PublishedRound`, to the shard's rounds
-stream (`st:<job>:rounds:<shard>`, the newest `ROUNDS_KEPT` or so). A trainer follows the
-streams to keep the rows it has read current (trainer/replica.py) and reads from the row keys
-only rows it has never read: a stream entry is one value for the whole round, where the keys
-cost Redis a lookup, a reply and the client a parse for every row.
+Each round is appended, rows and values in one `PublishedRound`, to the shard's rounds stream
+(`st:<job>:rounds:<shard>`, the newest `ROUNDS_KEPT` or so), and the dense blocks are written
+at once. The row keys are written less often: a flush every `FLUSH_EVERY_S` writes the rows
+changed since the last one, each once, and marks its round in `st:<job>:flushed:<shard>`.
+Writing every round's rows to their keys was two thirds of Redis's CPU, and a row hot enough
+to change in most rounds was written in each of them. A trainer follows the streams from a
+flush on (trainer/replica.py): it holds every row a round changed since, so the keys it reads
+are rows no round has changed since the flush, whose keys are current. Readers of the keys
+alone (`streamtrain predict`, online inference) see rows up to `FLUSH_EVERY_S` old.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -36,6 +41,49 @@ _CHUNK = 8192  # keys per MSET: large enough to amortise, small enough not to st
 # falls further behind than this drops the shard's rows and reads them again (trainer/replica.py).
 ROUNDS_KEPT = 512
 _ROUNDS_FIELD = b"r"
+# How often the row keys are brought up to date. Longer writes fewer keys (a hot row once per
+# flush, not once per round) and leaves key-only readers further behind.
+FLUSH_EVERY_S = 0.25
+# Rows changed since the last flush that force one early: bounds the ids kept meanwhile.
+FLUSH_MAX_ROWS = 1 << 20
+
+
+# Rounds after a flush that force the next: a trainer that has to follow a stream again does
+# so from the last flush, which must still be in the stream.
+FLUSH_MAX_ROUNDS = ROUNDS_KEPT // 4
+
+
+def flush_due(since_s: float, dirty_rows: int, rounds: int, every_s: float = FLUSH_EVERY_S,
+              max_rows: int = FLUSH_MAX_ROWS, max_rounds: int = FLUSH_MAX_ROUNDS) -> bool:
+    """Whether a publish round also writes the rows changed since the last flush to their
+    keys: some are waiting, for long enough or enough of them; or the last flush is so many
+    rounds back that it must move up, changed rows or not."""
+    return rounds >= max_rounds or (dirty_rows > 0 and (since_s >= every_s or dirty_rows >= max_rows))
+
+
+@dataclass(frozen=True)
+class Flushed:
+    """The round of a shard's last flush (`RedisKeys.flushed`): its rounds-stream id, and
+    the epoch and number of the round. The row keys hold every row as of that round at least,
+    and the rounds after it are in the stream."""
+
+    at: bytes
+    epoch: int
+    round: int
+
+    def to_bytes(self) -> bytes:
+        return b"%s %d" % (self.at, self.epoch)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Flushed:
+        at, epoch = raw.split(b" ")
+        return cls(at, int(epoch), int(at.split(b"-")[1]))
+
+
+def stream_id(major: int, round_: int) -> bytes:
+    """A round's id in its shard's stream: the epoch's start in ms, and the round number, so
+    that a flush can name its round in the same transaction as it appends it."""
+    return b"%d-%d" % (major, round_)
 
 
 def _applied_json(applied: dict[str, int]) -> bytes:
@@ -56,8 +104,10 @@ class Snapshot:
     """Copies of changed rows and blocks: taken while the state is not being written, sent
     to Redis afterwards, so a shard can apply while the previous changes are on the wire."""
 
-    rows: list[tuple[str, np.ndarray, np.ndarray]]  # table, ids, values (n, dim)
+    rows: list[tuple[str, np.ndarray, np.ndarray]]  # the round's changed rows: table, ids, values (n, dim)
     blocks: list[tuple[str, int, np.ndarray]]  # param, block, values
+    keys: list[tuple[str, np.ndarray, np.ndarray]] = ()  # rows to write to their keys (a flush)
+    flush: bool = False  # the keys are every row changed since the last flush
 
     @property
     def size(self) -> int:
@@ -72,26 +122,47 @@ class Publisher:
         # The rounds stream's epoch and the last round of it sent; `send(..., reset=True)`
         # starts a new epoch. A new Publisher (a restarted shard) starts one too.
         self._epoch = secrets.randbits(64)
+        self._major = 0  # the epoch's stream ids' first part (`stream_id`)
         self._round = 0
         self._announced: dict[str, int] = {}  # each trainer's step last sent to its channel
+        self._dirty: dict[str, list[np.ndarray]] = {}  # per table, ids changed since the last flush
+        self._dirty_rows = 0
+        self._flushed_at = time.monotonic()
+        self._flush_round = 0  # the round of the last flush
 
     @property
     def client(self) -> redis.Redis:
         return self._redis
 
-    def snapshot(self, state: ShardState, changes: Changes) -> Snapshot:
-        rows = []
-        for table, ids in changes.rows.items():
-            t = state.tables[table]
-            rows.append((table, ids, t.gather(t.index.lookup(ids))))
+    def flush_due(self) -> bool:
+        return flush_due(time.monotonic() - self._flushed_at, self._dirty_rows, self._round - self._flush_round)
+
+    def snapshot(self, state: ShardState, changes: Changes, flush: bool | None = None,
+                 reset: bool = False) -> Snapshot:
+        """Copies of the changed rows and blocks (with the state not being written). `flush`:
+        also of every row changed since the last flush, for their keys (None: if
+        `flush_due`). `reset`: `changes` is everything; all of it goes to the keys."""
         blocks = [(p, b, state.dense[(p, b)].values[0].copy()) for p, b in changes.blocks]
-        return Snapshot(rows, blocks)
+        if reset:
+            self._dirty, self._dirty_rows, self._flushed_at = {}, 0, time.monotonic()
+            return Snapshot([], blocks, _gather(state, changes.rows), flush=True)
+        rows = _gather(state, changes.rows)
+        for table, ids, _ in rows:
+            self._dirty.setdefault(table, []).append(ids)
+            self._dirty_rows += len(ids)
+        if not (self.flush_due() if flush is None else flush):
+            return Snapshot(rows, blocks)
+        dirty = {table: parts[0] if len(parts) == 1 else np.unique(np.concatenate(parts))
+                 for table, parts in self._dirty.items()}
+        self._dirty, self._dirty_rows, self._flushed_at = {}, 0, time.monotonic()
+        return Snapshot(rows, blocks, _gather(state, dirty), flush=True)
 
     def send(self, snapshot: Snapshot, applied: dict[str, int] | None = None, reset: bool = False) -> int:
-        """Write the snapshot's rows, then, in one transaction, its dense blocks, `applied`
-        (`RedisKeys.applied`) if given, the round's `PublishedRound` and the version bump.
-        Returns the new version. `reset`: the snapshot is everything the shard holds; the
-        round starts a new epoch of the stream and carries no rows (readers drop theirs).
+        """Write the snapshot's keys (a flush), then, in one transaction, its dense blocks,
+        `applied` (`RedisKeys.applied`) if given, the round's `PublishedRound`, the flush's
+        mark and the version bump. Returns the new version. `reset`: the snapshot is
+        everything the shard holds; the round starts a new epoch of the stream and carries no
+        rows (readers drop theirs).
 
         A reader that reads `applied` and the values in one transaction
         (`ParamClient.send_pull`) finds a step counted as applied only once its rows and
@@ -104,7 +175,7 @@ class Publisher:
         of a whole shard (a republish) is not one command that blocks Redis."""
         chunks: list[bytes] = []
         rows = 0
-        for table, ids, values in snapshot.rows:
+        for table, ids, values in snapshot.keys:
             prefix = self._keys.row(table, 0)[:-1].encode()
             encoded = encode_rows_matrix(values)
             for i in range(0, len(ids), _CHUNK):
@@ -129,8 +200,16 @@ class Publisher:
                                                    b"%d" % step))
                         self._announced[trainer] = step
                         queued += 1
+            if reset:
+                chunks.append(resp.command(b"DEL", self._keys.rounds(self.shard).encode()))
+                queued += 1
             chunks.append(self._round_command(snapshot, applied or {}, reset))
             queued += 1
+            if snapshot.flush:
+                self._flush_round = self._round
+                mark = Flushed(stream_id(self._major, self._round), self._epoch, self._round)
+                chunks.append(resp.command(b"SET", self._keys.flushed(self.shard).encode(), mark.to_bytes()))
+                queued += 1
             chunks += conn.pack_command("INCR", self._keys.version(self.shard))
             chunks.append(resp.command(b"EXEC"))
             conn.send_packed_command(chunks)
@@ -153,20 +232,24 @@ class Publisher:
 
     def _round_command(self, snapshot: Snapshot, applied: dict[str, int], reset: bool) -> bytes:
         if reset:
+            # The stream is deleted with the reset, so a new epoch's ids need only exceed
+            # its own; starting at the clock keeps them ahead of the old ones a reader holds.
             self._epoch, self._round = secrets.randbits(64), 0
+            self._major = max(int(time.time() * 1000), self._major + 1)
         self._round += 1
         rows = () if reset else tuple(RoundRows(table, ids, values) for table, ids, values in snapshot.rows)
         entry = PublishedRound(self._epoch, self._round, reset, applied, rows).to_bytes()
         return resp.command(b"XADD", self._keys.rounds(self.shard).encode(), b"MAXLEN", b"~",
-                            b"%d" % ROUNDS_KEPT, b"*", _ROUNDS_FIELD, entry)
+                            b"%d" % ROUNDS_KEPT, stream_id(self._major, self._round), _ROUNDS_FIELD, entry)
 
     def publish(self, state: ShardState, changes: Changes) -> int:
-        """Write the changed rows and blocks, then bump the version. Returns the new version."""
-        return self.send(self.snapshot(state, changes))
+        """Write the changed rows, to their keys too, and blocks, then bump the version.
+        Returns the new version."""
+        return self.send(self.snapshot(state, changes, flush=True))
 
     def publish_all(self, state: ShardState) -> int:
         """Everything this shard holds (after a restart or a flushed Redis)."""
-        return self.send(self.snapshot(state, self.everything(state)), reset=True)
+        return self.send(self.snapshot(state, self.everything(state), reset=True), reset=True)
 
     @staticmethod
     def everything(state: ShardState) -> Changes:
@@ -187,6 +270,19 @@ class Publisher:
         return bool(self._redis.exists(self._keys.version(self.shard)))
 
 
+def _gather(state: ShardState, rows: Mapping[str, np.ndarray]) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    out = []
+    for table, ids in rows.items():
+        t = state.tables.get(table)
+        if t is None:
+            continue
+        slots = t.index.lookup(ids)
+        if (slots < 0).any():  # ids of a state replaced since (a rollback): not this state's rows
+            ids, slots = ids[slots >= 0], slots[slots >= 0]
+        out.append((table, ids, t.gather(slots)))
+    return out
+
+
 @dataclass(frozen=True)
 class Pulled:
     values: np.ndarray  # (n, dim) float32
@@ -202,6 +298,7 @@ class Pull:
     versions: dict[int, int]  # shard -> version
     applied: dict[int, dict[str, int]]  # shard -> {trainer id: newest step its values include}
     rounds: dict[int, list[Round]]  # shard -> its rounds after the positions asked for, oldest first
+    flushed: dict[int, Flushed | None]  # shard -> its last flush, of the shards whose rounds were read
 
 
 # A rounds-stream entry: its stream id, and the round (None: it did not decode).
@@ -253,14 +350,11 @@ class ParamClient:
         raw = self._redis.mget([self._keys.applied(s) for s in range(self.slot_map.shards)])
         return {s: json.loads(v) if v else {} for s, v in enumerate(raw)}
 
-    def rounds_tail(self, shards: Iterable[int]) -> dict[int, Round | None]:
-        """Each shard's newest round (None: its stream is empty or missing)."""
+    def flushed(self, shards: Iterable[int]) -> dict[int, Flushed | None]:
+        """Each shard's last flush (None: it has not published)."""
         shards = list(shards)
-        with self._redis.pipeline(transaction=False) as pipe:
-            for s in shards:
-                pipe.xrevrange(self._keys.rounds(s), count=1)
-            replies = pipe.execute()
-        return {s: _round(*found[0]) if found else None for s, found in zip(shards, replies)}
+        raw = self._redis.mget([self._keys.flushed(s) for s in shards]) if shards else []
+        return {s: _flushed(v) for s, v in zip(shards, raw)}
 
     def _rounds(self, after: Mapping[int, bytes], reply) -> dict[int, list[Round]]:
         by_key = {self._keys.rounds(s).encode(): s for s in after}
@@ -296,7 +390,8 @@ class ParamClient:
             packed = conn.pack_command("MULTI")
             # An empty MGET is a syntax error: a placeholder key keeps one reply per request.
             packed += conn.pack_command("MGET", *([self._keys.version(s) for s in shards]
-                                                  + [self._keys.applied(s) for s in shards] or ["-"]))
+                                                  + [self._keys.applied(s) for s in shards]
+                                                  + [self._keys.flushed(s) for s in rounds or ()] or ["-"]))
             if blocks:
                 packed += conn.pack_command("MGET", *[self._keys.dense(p, b) for p, b in blocks])
             for table, (ids, _) in rows.items():
@@ -317,7 +412,8 @@ class ParamClient:
     def _decode(self, shards: list[int], rows: dict[str, tuple[np.ndarray, int]], blocks: list[tuple[str, int]],
                 rounds: dict[int, bytes], replies: list) -> Pull:
         versions = self._versions(shards, replies[0][:len(shards)])
-        applied = {s: json.loads(raw) if raw else {} for s, raw in zip(shards, replies[0][len(shards):])}
+        applied = {s: json.loads(raw) if raw else {} for s, raw in zip(shards, replies[0][len(shards):2 * len(shards)])}
+        flushed = {s: _flushed(raw) for s, raw in zip(rounds, replies[0][2 * len(shards):])}
         found = {}
         if blocks:
             for key, raw in zip(blocks, replies[1]):
@@ -332,7 +428,7 @@ class ParamClient:
             if not present.all():
                 got[~present] = initial_rows(table, ids[~present], dim, self.init_scale)
             values[table] = got
-        return Pull(values, found, versions, applied, self._rounds(rounds, replies[-1]) if rounds else {})
+        return Pull(values, found, versions, applied, self._rounds(rounds, replies[-1]) if rounds else {}, flushed)
 
     @staticmethod
     def _versions(shards: list[int], raw: list[bytes | None]) -> dict[int, int]:
@@ -428,6 +524,15 @@ class PendingPull:
         if conn is not None:
             conn.disconnect()
             self._pool.release(conn)
+
+
+def _flushed(raw: bytes | None) -> Flushed | None:
+    """A flush mark as read; one that does not parse counts as none (the shard's next flush
+    writes a good one)."""
+    try:
+        return None if raw is None else Flushed.from_bytes(raw)
+    except (ValueError, IndexError):
+        return None
 
 
 def _round(at: bytes, fields: dict | list) -> Round:

@@ -168,7 +168,7 @@ class BackgroundPublisher:
         self._stop.set()
         self._wake.set()
         self._thread.join(60)
-        self.round()
+        self.round(flush=True)  # the keys current: readers of the keys alone come after
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -184,11 +184,12 @@ class BackgroundPublisher:
                 self.error = exc
                 return
 
-    def round(self) -> None:
+    def round(self, flush: bool | None = None) -> None:
+        """Publish what changed; `flush`: write the row keys too (None: when due)."""
         with self.round_lock:
-            self._round()
+            self._round(flush)
 
-    def _round(self) -> None:
+    def _round(self, flush: bool | None) -> None:
         now = time.monotonic()
         if self.version is not None and now - self._checked_at >= self.check_every_s:
             self._checked_at = now
@@ -204,7 +205,13 @@ class BackgroundPublisher:
             note, self._note = self._note, None
             applied = dict(self._applied) if self._applied_changed or everything else None
             self._applied_changed = False
-            snapshot = None if changes is None else self.publisher.snapshot(self.state, changes)
+            if flush is None:
+                flush = self.publisher.flush_due()
+            # Rows changed earlier and not yet in their keys make a round of their own when due.
+            if changes is not None or flush:
+                snapshot = self.publisher.snapshot(self.state, changes or Changes(), flush, reset=everything)
+            else:
+                snapshot = None
         if snapshot is None:
             if applied is None:
                 if note is not None:

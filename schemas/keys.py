@@ -188,6 +188,11 @@ class RedisKeys:
         hundred kept: trainers follow it to keep the rows they hold current."""
         return f"{self.prefix}rounds:{_redis_check.integer('shard', shard, hi=U32_MAX)}"
 
+    def flushed(self, shard: int) -> str:
+        """The round of the shard's last flush of its row keys: its stream id in `rounds` and
+        its epoch, ``<id> <epoch>`` (pserver/serving.py, `Flushed`)."""
+        return f"{self.prefix}flushed:{_redis_check.integer('shard', shard, hi=U32_MAX)}"
+
     def stats(self, shard: int) -> str:
         """A shard's counters as JSON (applied, dropped duplicates, bad deltas, examples)."""
         return f"{self.prefix}stats:{_redis_check.integer('shard', shard, hi=U32_MAX)}"

@@ -147,7 +147,7 @@ class ParamSync:
         self.wait_s = wait_s
         self.replica = replica
         if replica is not None:
-            replica.start(client.rounds_tail(replica.after))
+            replica.start(client.flushed(replica.after))
 
     def pull_rows(self, table: str, ids: np.ndarray, dim: int) -> np.ndarray:
         return self._retrying(lambda: self.client.pull_rows(table, ids, dim).values)
@@ -228,19 +228,23 @@ class PendingFetch:
         return Fetched(self._ids, rows, pull.blocks if self._dense else None, pull.applied)
 
     def _from_replica(self, pull: Pull) -> dict[str, np.ndarray]:
-        """The rounds read go into the replica first, then the rows read from keys; the
-        batch's rows are the replica's and those."""
+        """The rounds read go into the replica first, then the rows read from keys that no
+        round brought meanwhile; the batch's rows are the replica's and those."""
         replica, cold, ids = self._sync.replica, self._cold, self._ids
-        replica.apply(pull.rounds)
+        replica.apply(pull.rounds, pull.flushed)
         slots = cold.slots
         if replica.generation != cold.generation:
             slots = replica.lookup(ids)  # rows were dropped (a missed round): some slots are gone
+        elif cold.cold.any():
+            slots = slots.copy()
+            slots[cold.cold] = replica.lookup(ids[cold.cold])  # brought by the rounds just read
         warm = slots >= 0
         if warm.all():
             return {replica.table: replica.gather(slots)}
         values = np.empty((len(ids), replica.width), dtype=np.float32)
         values[warm] = replica.gather(slots[warm])
-        values[cold.cold] = pull.rows[replica.table]
+        read = ~warm & cold.cold
+        values[read] = pull.rows[replica.table][~warm[cold.cold]]
         lost = ~warm & ~cold.cold  # held when the pull was sent, dropped since
         if lost.any():
             values[lost] = self._sync._retrying(lambda: self._sync.client.pull(

@@ -1,22 +1,25 @@
-"""A trainer's copy of the rows it has read, kept current by the shards' rounds streams.
+"""A trainer's copy of the rows the shards' rounds streams changed, kept current by them.
 
 Reading a row from its Redis key costs Redis a lookup and a reply and the trainer a parse,
 for every row of every mini-batch (3.5 rows a record in the e2e workload), and most rows a
-trainer reads it has read before. So it keeps them, and follows each shard's rounds stream
+trainer reads have changed a moment ago. So it follows each shard's rounds stream
 (pserver/serving.py): a round carries the rows it changed with their new values, and the
-trainer writes those it holds into its copy. A pull reads from the keys only rows the copy
-does not have.
+trainer holds every one of them. A pull reads from the keys only rows the copy does not hold.
 
-Why the copy is as current as the keys: a shard writes a round's row keys before it appends
-the round to its stream, and a pull reads the streams and the keys it needs in one Redis
-transaction. Applying the rounds read, then the rows read from keys, leaves every row at its
-newest published value; a key may be newer than the rounds read so far, and the round that
-wrote it, applied later, writes the same value.
+Why the copy and the keys together are current: the keys are written by a flush every so
+often, which marks its round (`Flushed`); the copy follows each stream from such a mark on,
+so it holds every row changed since, at its newest value. A row it does not hold has not
+changed since the mark, and its key, written by that flush or an earlier one, is its value.
+A pull reads the streams, the marks and the keys it needs in one Redis transaction and
+applies the rounds first: a row a round brought meanwhile is taken from the copy, not from
+its key. A key newer than the rounds read so far is harmless too: the rounds that wrote it,
+applied later in order, end at the same value.
 
 A shard's rounds are numbered within an epoch (`PublishedRound`). When one is missing
 (trimmed while this trainer was away, or undecodable) or a new epoch begins (the shard
 republished everything: a restart, a lost Redis, a rollback), the copy drops that shard's rows
-and reads them from the keys again. So does a copy that outgrows `max_bytes`, all of it.
+and follows it again from its last flush. A copy that outgrows `max_bytes` starts again empty,
+every shard from its last flush.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pserver.rows import IdIndex, row_view
-from pserver.serving import Round
+from pserver.serving import Flushed, Round
 from schemas import PublishedRound
 
 START = b"0-0"  # a stream position before every entry
@@ -47,6 +50,11 @@ def follows(position: Position | None, entry: PublishedRound | None) -> bool:
             and entry.epoch == position.epoch and entry.round == position.round + 1)
 
 
+def _at_or_before(entry: PublishedRound | None, position: Position | None) -> bool:
+    return (entry is not None and position is not None and entry.epoch == position.epoch
+            and entry.round <= position.round)
+
+
 class RowReplica:
     """Rows of one table (the model's `RowLayout`) by id, each with its owning shard, and
     the position in each shard's rounds stream they are current to."""
@@ -58,22 +66,22 @@ class RowReplica:
         self.max_rows = max(capacity, max_bytes // (4 * max(width, 1)))
         self.after: dict[int, bytes] = {s: START for s in range(shards)}  # stream id read last
         self._positions: dict[int, Position | None] = {s: None for s in range(shards)}
+        self._flushed: dict[int, Flushed | None] = {s: None for s in range(shards)}  # last seen
         self.generation = 0  # bumped whenever rows are dropped: slots looked up before are stale
         self.drops = 0
+        self.restarts = 0  # times the copy outgrew its budget
         self._clear(capacity)
 
     @property
     def size(self) -> int:
         return self._size
 
-    def start(self, tails: dict[int, Round | None]) -> None:
-        """Begin each shard's stream after its newest round (`ParamClient.rounds_tail`); the
-        copy is empty, so nothing before matters."""
-        for shard, tail in tails.items():
-            if tail is not None:
-                at, entry = tail
-                self.after[shard] = at
-                self._positions[shard] = None if entry is None else Position(entry.epoch, entry.round)
+    def start(self, flushed: dict[int, Flushed | None]) -> None:
+        """Follow each shard from its last flush (`ParamClient.flushed`); a shard with none
+        yet is started by the first pull that finds one."""
+        for shard, mark in flushed.items():
+            self._flushed[shard] = mark
+            self._restart(shard)
 
     # -- rows ------------------------------------------------------------------------------
     def lookup(self, ids: np.ndarray) -> np.ndarray:
@@ -90,6 +98,9 @@ class RowReplica:
         if self._size + n > self.max_rows:
             self._clear(len(self._ids))
             self.generation += 1
+            self.restarts += 1
+            for shard in self._positions:
+                self._restart(shard)
         self._reserve(self._size + n)
         slots = np.arange(self._size, self._size + n, dtype=np.int64)
         self._ids[slots] = ids
@@ -100,32 +111,65 @@ class RowReplica:
         return slots
 
     # -- rounds ----------------------------------------------------------------------------
-    def apply(self, rounds: dict[int, list[Round]]) -> dict[int, dict[str, int]]:
-        """Apply the rounds read after `after` ({shard: entries, oldest first}); returns,
-        per shard that had any, the newest `applied` its rounds carried."""
+    def apply(self, rounds: dict[int, list[Round]], flushed: dict[int, Flushed | None]
+              ) -> dict[int, dict[str, int]]:
+        """Apply the rounds read after `after` ({shard: entries, oldest first}) with the
+        shards' last flushes read at the same instant; returns, per shard that had any, the
+        newest `applied` its rounds carried."""
+        for shard, mark in flushed.items():
+            if mark is not None:
+                self._flushed[shard] = mark
         applied: dict[int, dict[str, int]] = {}
+        restarts = self.restarts
         for shard, entries in rounds.items():
+            restarted = self._positions[shard] is None  # read from where nothing was known
+            if restarted:
+                self._restart(shard)
             for at, entry in entries:
-                if follows(self._positions[shard], entry):
-                    self._write(entry)
-                else:
+                if not follows(self._positions[shard], entry) and not restarted:
                     self._drop(shard)
-                self._positions[shard] = None if entry is None else Position(entry.epoch, entry.round)
+                    self._restart(shard)
+                    restarted = True
+                position = self._positions[shard]
+                if not follows(position, entry):
+                    if _at_or_before(entry, position):
+                        continue  # before the flush this shard is followed from again
+                    break  # still not followed: read on from the flush next time
+                self._write(shard, entry)
+                if self.restarts != restarts:  # outgrew the budget: every shard starts again
+                    return applied
+                self._positions[shard] = Position(entry.epoch, entry.round)
                 self.after[shard] = at
-                if entry is not None and entry.applied:
+                if entry.applied:
                     applied[shard] = entry.applied
+        for shard, mark in flushed.items():
+            position = self._positions[shard]
+            # Flushed in an epoch whose rounds this copy has not seen start: it missed them.
+            if mark is not None and position is not None and mark.epoch != position.epoch:
+                self._drop(shard)
+                self._restart(shard)
         return applied
 
-    def _write(self, entry: PublishedRound) -> None:
+    def _write(self, shard: int, entry: PublishedRound) -> None:
         for rows in entry.rows:
-            if rows.table != self.table or not self._size or rows.values.shape[1] != self.width:
+            if rows.table != self.table or rows.values.shape[1] != self.width:
                 continue
             slots = self._index.lookup(rows.ids)
             held = slots >= 0
             if held.all():
                 np.put(row_view(self._values), slots, row_view(np.ascontiguousarray(rows.values)))
-            elif held.any():
+                continue
+            if held.any():
                 np.put(row_view(self._values), slots[held], row_view(np.ascontiguousarray(rows.values[held])))
+            new = ~held
+            self.insert(rows.ids[new], np.full(int(new.sum()), shard, np.int32), rows.values[new])
+
+    def _restart(self, shard: int) -> None:
+        mark = self._flushed[shard]
+        if mark is None:
+            self._positions[shard], self.after[shard] = None, START
+        else:
+            self._positions[shard], self.after[shard] = Position(mark.epoch, mark.round), mark.at
 
     def _drop(self, shard: int) -> None:
         if not self._size:

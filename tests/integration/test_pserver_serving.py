@@ -102,7 +102,17 @@ def step(job: str, state: ShardState, shard: int, slot_map: SlotMap, ids: np.nda
                                      sparse=(SparseRows("user", mine, np.ones((len(mine), 8), np.float32)),)))
 
 
-def test_a_trainers_replica_reads_rows_once_and_follows_the_rounds_that_change_them(redis_conn, unique) -> None:
+def flush_all(publishers: list[Publisher], states: list[ShardState]) -> None:
+    for publisher, state in zip(publishers, states):
+        publisher.send(publisher.snapshot(state, Changes(), flush=True))
+
+
+def unflushed(publisher: Publisher, state: ShardState, changes: Changes) -> None:
+    publisher.send(publisher.snapshot(state, changes, flush=False))
+
+
+def test_a_trainers_replica_follows_the_rounds_so_its_rows_are_current_before_the_keys_are(
+        redis_conn, unique) -> None:
     job, slot_map = unique("replica"), SlotMap.uniform(128, 2)
     ids = np.arange(1000, dtype=np.uint64)
     states = [trained_shard(job, s, slot_map, ids) for s in range(2)]
@@ -114,26 +124,41 @@ def test_a_trainers_replica_reads_rows_once_and_follows_the_rounds_that_change_t
     probe = np.array([3, 500, 999, 5000], dtype=np.uint64)
     assert np.array_equal(fetch(sync, slot_map, probe), client.pull_rows("user", probe, 8).values)
     assert sync.replica.size == 4
-    # The shards change two of the rows and publish them as rounds; the replica follows them,
-    # and reads from the keys only what it does not hold.
+    # The shards change two rows and publish the rounds without writing the row keys: the
+    # replica has them from the rounds, a trainer that starts now too (from the last flush).
+    stale = client.pull_rows("user", probe, 8).values
     for seq in (1, 2):
         for s in range(2):
-            publishers[s].publish(states[s], step(job, states[s], s, slot_map, probe[:2], seq))
+            unflushed(publishers[s], states[s], step(job, states[s], s, slot_map, probe[:2], seq))
+    later = replica_sync(redis_conn, job, slot_map)
     wider = np.array([3, 500, 999, 5000, 7], dtype=np.uint64)
-    assert np.array_equal(fetch(sync, slot_map, wider), client.pull_rows("user", wider, 8).values)
+    got, got_later = fetch(sync, slot_map, wider), fetch(later, slot_map, wider)
+    assert np.array_equal(client.pull_rows("user", probe, 8).values, stale)  # the keys lag
+    flush_all(publishers, states)
+    assert np.array_equal(got, client.pull_rows("user", wider, 8).values) and np.array_equal(got, got_later)
+    assert not np.array_equal(got[:2], stale[:2])
     assert sync.replica.size == 5 and sync.replica.drops == 0
     # A republish (a restarted shard) starts a new epoch: the replica drops that shard's rows.
     owner = int(slot_map.shard_of_rows("user", probe[:1])[0])
     states[owner].tables["user"].values[:] += 1.0
     publishers[owner].publish_all(states[owner])
-    assert np.array_equal(fetch(sync, slot_map, wider), client.pull_rows("user", wider, 8).values)
+    unflushed(publishers[owner], states[owner], step(job, states[owner], owner, slot_map, probe[:1], 3))
+    got = fetch(sync, slot_map, wider)
+    flush_all(publishers, states)
+    assert np.array_equal(got, client.pull_rows("user", wider, 8).values)
     assert sync.replica.drops == 1
-    # Rounds trimmed before the replica read them: a gap, so the shard's rows are dropped too.
-    for seq in range(3, 6):
-        publishers[owner].publish(states[owner], step(job, states[owner], owner, slot_map, probe[:1], seq))
-    newest = redis_conn.xrevrange(f"st:{job}:rounds:{owner}", count=1)[0][0]
-    redis_conn.xtrim(f"st:{job}:rounds:{owner}", minid=newest, approximate=False)
-    assert np.array_equal(fetch(sync, slot_map, wider), client.pull_rows("user", wider, 8).values)
+    # Rounds trimmed before the replica read them: a gap, so the shard's rows are dropped and
+    # followed again from its last flush.
+    for seq in range(4, 7):
+        unflushed(publishers[owner], states[owner], step(job, states[owner], owner, slot_map, probe[:1], seq))
+    flush_all(publishers, states)
+    unflushed(publishers[owner], states[owner], step(job, states[owner], owner, slot_map, probe[:1], 7))
+    flushed = client.flushed([owner])[owner].at
+    redis_conn.xtrim(f"st:{job}:rounds:{owner}", minid=flushed, approximate=False)
+    fetch(sync, slot_map, wider)  # finds the gap, drops, reads the rows again from the keys
+    got = fetch(sync, slot_map, wider)  # and the rounds after the flush
+    flush_all(publishers, states)
+    assert np.array_equal(got, client.pull_rows("user", wider, 8).values)
     assert sync.replica.drops == 2
 
 

@@ -1,0 +1,56 @@
+"""When a shard writes its row keys, and what a flush carries (pserver/serving.py)."""
+
+import numpy as np
+import pytest
+
+from pserver.optimizers import SGD
+from pserver.serving import FLUSH_EVERY_S, FLUSH_MAX_ROUNDS, FLUSH_MAX_ROWS, Flushed, Publisher, flush_due, stream_id
+from pserver.state import Changes, ShardState
+from schemas import GradientDelta, SparseRows, TaskRecord
+
+
+@pytest.mark.parametrize("since_s, dirty, rounds, due", [
+    (0.0, 0, 0, False),
+    (FLUSH_EVERY_S * 10, 0, 3, False),  # nothing changed: the keys are current
+    (FLUSH_EVERY_S - 0.01, 500, 3, False),
+    (FLUSH_EVERY_S, 1, 3, True),
+    (0.0, FLUSH_MAX_ROWS, 3, True),  # enough rows waiting
+    (0.0, 0, FLUSH_MAX_ROUNDS, True),  # the last flush must stay in the stream for followers
+])
+def test_a_flush_is_due_when_rows_have_waited_long_enough_or_pile_up(since_s, dirty, rounds, due) -> None:
+    assert flush_due(since_s, dirty, rounds) is due
+
+
+def test_a_flush_mark_names_its_round_by_stream_id_and_epoch() -> None:
+    mark = Flushed(stream_id(1795416671754, 37), 2**63 + 5, 37)
+    assert mark.at == b"1795416671754-37"
+    assert Flushed.from_bytes(mark.to_bytes()) == mark
+
+
+def train(state: ShardState, seq: int, ids) -> Changes:
+    ids = np.array(ids, dtype=np.uint64)
+    return state.apply(GradientDelta(TaskRecord.make_id("in", 0, 0), seq, "t", 0, seq, 1,
+                                     sparse=(SparseRows("user", ids, np.ones((len(ids), 2), np.float32)),)))
+
+
+def test_a_flush_writes_each_row_changed_since_the_last_once_at_its_newest_value() -> None:
+    state, publisher = ShardState(SGD(lr=1.0)), Publisher(None, "job", 0)
+    first = publisher.snapshot(state, train(state, 0, [1, 2]), flush=False)
+    assert [ids.tolist() for _, ids, _ in first.rows] == [[1, 2]] and not first.keys and not first.flush
+    second = publisher.snapshot(state, train(state, 1, [2, 3]), flush=True)
+    assert [ids.tolist() for _, ids, _ in second.rows] == [[2, 3]]  # the round: what it changed
+    (table, ids, values), = second.keys  # the flush: everything since the last, once
+    assert table == "user" and ids.tolist() == [1, 2, 3] and second.flush
+    t = state.tables["user"]
+    assert np.array_equal(values, t.gather(t.index.lookup(ids)))
+    third = publisher.snapshot(state, train(state, 2, [4]), flush=True)
+    assert [ids.tolist() for _, ids, _ in third.keys] == [[4]]
+
+
+def test_a_reset_writes_everything_and_its_round_carries_no_rows() -> None:
+    state, publisher = ShardState(SGD(lr=1.0)), Publisher(None, "job", 0)
+    publisher.snapshot(state, train(state, 0, [1, 2]), flush=False)
+    reset = publisher.snapshot(state, Publisher.everything(state), reset=True)
+    assert reset.rows == [] and [ids.tolist() for _, ids, _ in reset.keys] == [[1, 2]] and reset.flush
+    after = publisher.snapshot(state, train(state, 1, [5]), flush=True)  # the reset was a flush
+    assert [ids.tolist() for _, ids, _ in after.keys] == [[5]]
