@@ -9,6 +9,7 @@ machines (Python's own `hash` is salted per process), and vectorised over id arr
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -33,8 +34,10 @@ def mix64(values: np.ndarray) -> np.ndarray:
     return z
 
 
+@functools.lru_cache(maxsize=4096)
 def name_salt(name: str) -> np.uint64:
-    """A stable 64-bit salt for a table or parameter name."""
+    """A stable 64-bit salt for a table or parameter name (a model has a few names, hashed
+    for every mini-batch: cached)."""
     return np.uint64(int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little"))
 
 

@@ -8,7 +8,7 @@ from typing import Literal
 import numpy as np
 
 from ._binary import BytesLike, Reader, Writer, le
-from ._check import U32_MAX, U64_MAX, Check, nested
+from ._check import U16_MAX, U32_MAX, U64_MAX, Check, nested
 from .errors import SchemaError
 
 VERSION = 1
@@ -53,6 +53,19 @@ class DenseSlice:
             raise _slice_check.error("values", f"{values.size} values, at most {U32_MAX} per slice")
         object.__setattr__(self, "values", values)
 
+    @classmethod
+    def _decoded(cls, param: str, block: int, offset: int, values: np.ndarray) -> DenseSlice:
+        """From fields `GradientDelta.from_bytes` read: their wire widths bound the name and
+        the integers, and `values` is a 1-D float32 array, so what is left to check is that
+        the name is not empty and the values finite. A shard decodes several slices a push,
+        and the full checks were half of decoding."""
+        if not param:
+            raise _slice_check.error("param", "must not be empty")
+        _slice_check.finite("values", values)
+        out = object.__new__(cls)
+        out.__dict__.update(param=param, block=block, offset=offset, values=values)
+        return out
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, DenseSlice):
             return NotImplemented
@@ -78,6 +91,19 @@ class SparseRows:
         ids, values = _rows_check.rows("", self.ids, self.values, per="entry")
         object.__setattr__(self, "ids", ids)
         object.__setattr__(self, "values", values)
+
+    @classmethod
+    def _decoded(cls, table: str, ids: np.ndarray, values: np.ndarray) -> SparseRows:
+        """From fields `GradientDelta.from_bytes` read (uint64 ids, float32 rows, as many as
+        ids, of a u16 width): as `DenseSlice._decoded`."""
+        if not table:
+            raise _rows_check.error("table", "must not be empty")
+        if values.shape[1] < 1:
+            raise _rows_check.error("values", f"dim {values.shape[1]} is out of range [1, {U16_MAX}]")
+        _rows_check.finite("values", values)
+        out = object.__new__(cls)
+        out.__dict__.update(table=table, ids=ids, values=values)
+        return out
 
     @property
     def dim(self) -> int:
@@ -180,7 +206,7 @@ class GradientDelta:
             r.align(_ALIGN, f"{at}.padding")
             values = _widen(r.array(wire, count, f"{at}.values"))
             try:
-                dense.append(DenseSlice(param, block, offset, values))
+                dense.append(DenseSlice._decoded(param, block, offset, values))
             except SchemaError as err:
                 raise nested(err, _check, at) from err
         sparse = []
@@ -189,11 +215,18 @@ class GradientDelta:
             table, ids, values = r.table_rows(at, wire)
             values = _widen(values)
             try:
-                sparse.append(SparseRows(table, ids, values))
+                sparse.append(SparseRows._decoded(table, ids, values))
             except SchemaError as err:
                 raise nested(err, _check, at) from err
         r.finish()
-        return cls(task_id, seq, trainer_id, shard, step, examples, dtype, tuple(dense), tuple(sparse))
+        for field, text in (("task_id", task_id), ("trainer_id", trainer_id)):
+            if not text:
+                raise _check.error(field, "must not be empty")
+        # The rest of __post_init__'s checks hold by the wire format (widths, dtype code).
+        out = object.__new__(cls)
+        out.__dict__.update(task_id=task_id, seq=seq, trainer_id=trainer_id, shard=shard, step=step,
+                            examples=examples, dtype=dtype, dense=tuple(dense), sparse=tuple(sparse))
+        return out
 
 
 def _entries(field: str, value: object, kind: type) -> tuple:

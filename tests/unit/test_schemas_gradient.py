@@ -231,6 +231,29 @@ def test_empty_table_name_on_the_wire_raises_schema_error():
     assert info.value.field.startswith("sparse[0]")
 
 
+def encoded_unchecked(**changes) -> bytes:
+    """A delta's bytes with fields no constructor accepts: what a buggy or foreign writer sends."""
+    delta = small()
+    fields = {**delta.__dict__, **changes}
+    out = object.__new__(GradientDelta)
+    out.__dict__.update(fields)
+    return out.to_bytes()
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"trainer_id": ""}, "trainer_id"),
+    ({"task_id": ""}, "task_id"),
+    ({"dense": (object.__new__(DenseSlice),)}, "dense[0].param"),
+    ({"sparse": (object.__new__(SparseRows),)}, "sparse[0].values"),
+])
+def test_fields_the_wire_format_does_not_bound_are_checked_when_decoding(change, field):
+    for part in change.get("dense", ()):
+        part.__dict__.update(param="", block=0, offset=0, values=np.ones(2, np.float32))
+    for part in change.get("sparse", ()):
+        part.__dict__.update(table="emb", ids=np.array([1], np.uint64), values=np.ones((1, 0), np.float32))
+    raises_naming(field, GradientDelta.from_bytes, encoded_unchecked(**change))
+
+
 @pytest.mark.parametrize(
     "make, format, field",
     [
