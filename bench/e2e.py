@@ -298,6 +298,9 @@ def job_run(endpoints: Endpoints, services: dict[str, int], work: Workload, fmt:
             time.sleep(0.5)
         wall = time.monotonic() - began
         slot_map = SlotMap.from_json(etcd.get(EtcdKeys(name).slots).value)
+        # Scored once the job has stopped, as a user's `streamtrain predict` after it: a
+        # stopping shard flushes its rows to their keys, which lag its rounds while it runs.
+        stop_job(procs)
         scores = Scorer(config, redis_conn, slot_map).score(examples(work.model, work.holdout))
     finally:
         stop_job(procs)
