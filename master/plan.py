@@ -7,10 +7,13 @@ design.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import replace
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import TypeVar
 
-from schemas import PartitionCursor, TaskRecord
+from schemas import PartitionCursor, SchemaError, TaskId, TaskRecord
+
+T = TypeVar("T")
 
 
 def cut(cursor: PartitionCursor, end: int, max_records: int, linger_due: bool,
@@ -35,6 +38,90 @@ def cut(cursor: PartitionCursor, end: int, max_records: int, linger_due: bool,
                                           cursor.pass_no))
         start = limit
     return tasks, replace(cursor, next=start)
+
+
+@dataclass(frozen=True)
+class Head:
+    """What the slicer knows of one partition: its cursor, its last stable offset, and whether
+    its partial head task is due (see `cut`)."""
+
+    cursor: PartitionCursor
+    end: int
+    linger_due: bool
+
+
+def cut_rounds(heads: Sequence[Head], max_records: int,
+               budget: int) -> tuple[list[list[TaskRecord]], list[PartitionCursor]]:
+    """Cut every partition at once, one task from each per round, within a shared `budget`.
+
+    Round k holds the k-th task of each partition that still has one. Written round by round
+    and claimed in rounds (`claim_order`), a backlog is trained in about the order its records
+    arrived, not partition after partition, which a drifting stream would punish. Within a
+    round the partition with the most records waiting goes first, so a budget that runs out
+    mid-round (or a step with room for one task) serves the partition furthest behind.
+
+    Returns the non-empty rounds and every head's cursor moved past what was cut.
+    """
+    cursors = [h.cursor for h in heads]
+    active = list(range(len(heads)))
+    rounds: list[list[TaskRecord]] = []
+    while active and budget > 0:
+        active.sort(key=lambda i: (-_waiting(cursors[i], heads[i].end),
+                                   cursors[i].topic, cursors[i].partition))
+        this: list[TaskRecord] = []
+        for i in list(active):
+            if budget == 0:
+                break
+            tasks, cursors[i] = cut(cursors[i], heads[i].end, max_records, heads[i].linger_due, 1)
+            if tasks:
+                this += tasks
+                budget -= 1
+            else:
+                active.remove(i)  # its head only moves forward: nothing more this step
+        if this:
+            rounds.append(this)
+    return rounds, cursors
+
+
+def rounds_of(tasks: Iterable[TaskRecord]) -> list[list[TaskRecord]]:
+    """Tasks regrouped as `cut_rounds` cuts them: round k holds each partition's k-th task, in
+    pass and offset order (a checkpoint's todo queue is written back this way)."""
+    return _rounds((TaskId(t.topic, t.partition, t.start, t.pass_no), t) for t in tasks)
+
+
+def claim_order(listed: Sequence[tuple[int, str]], truncated: bool) -> list[int]:
+    """The order to claim listed todo tasks in, as indices into `listed`: (creation revision,
+    task id) pairs, oldest first, as etcd lists them.
+
+    Creation revision is write order, but the tasks of one transaction share it, and etcd
+    orders those arbitrarily; within a revision they are taken in rounds (`rounds_of`), as the
+    master cut them. A listing cut at its limit may hold only part of its newest revision:
+    that revision waits for the next listing unless it is all there is. Ids that do not parse
+    go last (the record's reader reports them).
+    """
+    groups: dict[int, list[tuple[TaskId, int]]] = {}
+    unparsed = []
+    for i, (revision, task_id) in enumerate(listed):
+        try:
+            groups.setdefault(revision, []).append((TaskRecord.parse_id(task_id), i))
+        except SchemaError:
+            unparsed.append(i)
+    revisions = sorted(groups)
+    if truncated and len(revisions) > 1:
+        revisions.pop()
+    return [i for r in revisions for round_ in _rounds(groups[r]) for i in round_] + unparsed
+
+
+def _rounds(placed: Iterable[tuple[TaskId, T]]) -> list[list[T]]:
+    queues: dict[tuple[str, int], list[tuple[TaskId, T]]] = {}
+    for where, item in sorted(placed, key=lambda p: (p[0].pass_no, p[0].start)):
+        queues.setdefault((where.topic, where.partition), []).append((where, item))
+    depth = max(map(len, queues.values()), default=0)
+    return [[q[k][1] for _, q in sorted(queues.items()) if k < len(q)] for k in range(depth)]
+
+
+def _waiting(cursor: PartitionCursor, end: int) -> int:
+    return (end if cursor.stop is None else min(end, cursor.stop)) - cursor.next
 
 
 def fold(cursor: PartitionCursor, resolved: Iterable[TaskRecord],

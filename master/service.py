@@ -13,7 +13,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from infra import Endpoints
 from master import plan
@@ -145,12 +145,22 @@ class Master:
                      delete_op(self.keys.state)])
         ops = [put_op(self.keys.cursor(c["topic"], c["partition"]), json.dumps(c).encode())
                for c in saved["cursors"]]
-        for state in ("todo", "done", "failed"):
+        readable: list[TaskRecord] = []
+        for t in saved["todo"]:
+            try:
+                readable.append(TaskRecord.from_json(json.dumps(t)))
+            except SchemaError:  # restored as it was saved, and logged wherever it is read
+                ops.append(put_op(self.keys.task("todo", t["task_id"]), json.dumps(t).encode()))
+        for state in ("done", "failed"):
             ops += [put_op(self.keys.task(state, t["task_id"]), json.dumps(t).encode()) for t in saved[state]]
         if saved.get("state") is not None:
             ops.append(put_op(self.keys.state, json.dumps(saved["state"]).encode()))
         for i in range(0, len(ops), MAX_TXN_OPS - 1):
             self._write(ops[i:i + MAX_TXN_OPS - 1])
+        # In rounds, as the slicer writes them, so that claims keep to the order of the input.
+        todo = [t for round_ in plan.rounds_of(readable) for t in round_]
+        for i in range(0, len(todo), MAX_TXN_OPS):
+            self._write([put_op(self.keys.task("todo", t.task_id), t.to_json()) for t in todo[i:i + MAX_TXN_OPS]])
         self._write([put_op(self.keys.control("rollback"), json.dumps({**doc, "phase": "shards"}).encode())])
         self._observed.clear()
         self._head_since.clear()
@@ -178,49 +188,51 @@ class Master:
                                                b.stable_end if self.config.bounded else None)
             log.info("following partition %s:%d from offset %d", p[0], p[1], origin)
 
-        budget = self.config.tasks.max_todo - todo_count
         linger = self.config.tasks.linger_ms / 1000
-        batches: list[tuple[PartitionCursor, list[TaskRecord]]] = []
+        heads: list[plan.Head] = []
         for p, cursor in {**self.cursors, **started}.items():
             end = bounds[p].stable_end if p in bounds else cursor.next
             since = self._head_since.get(p)
             if end > cursor.next and (since is None or since[0] != cursor.next):
                 since = self._head_since[p] = (cursor.next, now)
-            linger_due = since is not None and now - since[1] >= linger
-            tasks, moved = plan.cut(cursor, end, self.config.tasks.max_records, linger_due,
-                                    max(budget, 0))
-            budget -= len(tasks)
+            heads.append(plan.Head(cursor, end, since is not None and now - since[1] >= linger))
             if p in bounds:
-                self.metrics.lag(p[0], p[1], bounds[p].stable_end - moved.trained)
-            if tasks or p in started:  # a new partition's cursor is stored even without tasks
-                batches.append((moved, tasks))
-        self._write_tasks(batches)
-        self.metrics.sliced.inc(sum(len(tasks) for _, tasks in batches))
+                self.metrics.lag(p[0], p[1], bounds[p].stable_end - cursor.trained)
+        rounds, moved = plan.cut_rounds(heads, self.config.tasks.max_records,
+                                        max(self.config.tasks.max_todo - todo_count, 0))
+        # A new partition's cursor is stored even before it has a task.
+        self._write_rounds(rounds, {(c.topic, c.partition): c for c in moved},
+                           [(c.topic, c.partition) for c in started.values()])
+        self.metrics.sliced.inc(sum(map(len, rounds)))
 
-    def _write_tasks(self, batches: list[tuple[PartitionCursor, list[TaskRecord]]]) -> None:
-        """Tasks and the cursor that covers them go in the same transaction: every offset
-        below a stored cursor belongs to exactly one stored task, across any crash."""
-        ops: list[Op] = []
-        moved: list[PartitionCursor] = []
-        for cursor, tasks in batches:
-            # A partition's cut may span several transactions; each carries its cursor so far.
-            chunk = MAX_TXN_OPS - 1
-            for i in range(0, max(len(tasks), 1), chunk):
-                part = tasks[i:i + chunk]
-                at = cursor if i + chunk >= len(tasks) else PartitionCursor(
-                    cursor.topic, cursor.partition, part[-1].end, cursor.trained, cursor.origin,
-                    cursor.stop, cursor.pass_no)
-                group = [put_op(self.keys.task("todo", t.task_id), t.to_json()) for t in part]
-                group.append(put_op(self.keys.cursor(at.topic, at.partition), at.to_json()))
-                if len(ops) + len(group) > MAX_TXN_OPS:
-                    self._write(ops)
-                    self._commit_cursors(moved)
-                    ops, moved = [], []
-                ops.extend(group)
-                moved.append(at)
-        if ops:
-            self._write(ops)
-            self._commit_cursors(moved)
+    def _write_rounds(self, rounds: list[list[TaskRecord]], moved: dict[Partition, PartitionCursor],
+                      new: list[Partition]) -> None:
+        """Rounds in order, as many tasks a transaction as fit: claims take the oldest
+        transaction first and its tasks round by round (`plan.claim_order`). Tasks and the
+        cursor that covers them go in the same transaction: every offset below a stored cursor
+        belongs to exactly one stored task, across any crash."""
+        tasks = [t for round_ in rounds for t in round_]
+        cut = {(t.topic, t.partition) for t in tasks}
+        idle = [moved[p] for p in new if p not in cut]
+        for i in range(0, len(idle), MAX_TXN_OPS):
+            self._write([put_op(self.keys.cursor(c.topic, c.partition), c.to_json())
+                         for c in idle[i:i + MAX_TXN_OPS]])
+            self._commit_cursors(idle[i:i + MAX_TXN_OPS])
+        i = 0
+        while i < len(tasks):
+            ends: dict[Partition, int] = {}  # a cursor put for each partition reached
+            j = i
+            while j < len(tasks):
+                p = (tasks[j].topic, tasks[j].partition)
+                if (j - i) + len(ends) + (p not in ends) + 1 > MAX_TXN_OPS:
+                    break
+                ends[p] = tasks[j].end
+                j += 1
+            at = [replace(moved[p], next=end) for p, end in ends.items()]
+            self._write([put_op(self.keys.task("todo", t.task_id), t.to_json()) for t in tasks[i:j]]
+                        + [put_op(self.keys.cursor(c.topic, c.partition), c.to_json()) for c in at])
+            self._commit_cursors(at)
+            i = j
 
     def _commit_cursors(self, cursors: Iterable[PartitionCursor]) -> None:
         for c in cursors:

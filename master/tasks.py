@@ -14,14 +14,15 @@ from dataclasses import dataclass, replace
 
 from master import plan
 from master.errors import TaskLostError
-from master.etcd import (Entry, Etcd, delete_op, mod_revision_is, nested_succeeded, put_op,
+from master.etcd import (MAX_TXN_OPS, Entry, Etcd, delete_op, mod_revision_is, nested_succeeded, put_op,
                          txn_op, value_is)
 from schemas import EtcdKeys, SchemaError, TaskRecord
 
-# Trainers pick at random among the oldest todo tasks they last listed, so that many trainers
-# claiming at once rarely race for one key, while old tasks still go first.
+# Trainers pick at random among the first todo tasks in claim order they last listed, so that
+# many trainers claiming at once rarely race for one key, while old tasks still go first. A
+# listing holds more than one master transaction's tasks, so its oldest revision is whole.
 _SPREAD = 32
-_CANDIDATES = 64
+_CANDIDATES = MAX_TXN_OPS + 8
 _MAX_TRIES = 16
 
 
@@ -74,11 +75,13 @@ class TaskClient:
         """A todo task this trainer may try to claim, with the record it would write."""
         while True:
             if not self._candidates:
-                self._candidates = self._etcd.range(self.keys.tasks("todo"), limit=_CANDIDATES,
-                                                    oldest_first=True)
-                if not self._candidates:
+                listed = self._etcd.range(self.keys.tasks("todo"), limit=_CANDIDATES, oldest_first=True)
+                if not listed:
                     return None
-            # Random among the oldest few: trainers claiming at once rarely race for one key.
+                order = plan.claim_order([(e.create_revision, e.key.rsplit("/", 1)[-1]) for e in listed],
+                                         truncated=len(listed) == _CANDIDATES)
+                self._candidates = [listed[i] for i in order]
+            # Random among the first few: trainers claiming at once rarely race for one key.
             entry = self._candidates.pop(self._rng.randrange(min(_SPREAD, len(self._candidates))))
             try:
                 task = TaskRecord.from_json(entry.value)

@@ -37,6 +37,74 @@ def test_bounded_input_cuts_its_last_partial_task_without_lingering_and_never_pa
     assert plan.cut(cursor, end=9_999, max_records=1000, linger_due=True, budget=10)[0] == []
 
 
+def test_cut_rounds_interleave_partitions_so_claims_follow_arrival_not_partition() -> None:
+    heads = [plan.Head(PartitionCursor("clicks", p, 0, 0, 0), end=3000, linger_due=False)
+             for p in (0, 1)]
+    rounds, moved = plan.cut_rounds(heads, max_records=1000, budget=10)
+    assert [[(t.partition, t.start) for t in r] for r in rounds] == [
+        [(0, 0), (1, 0)], [(0, 1000), (1, 1000)], [(0, 2000), (1, 2000)]]
+    assert [c.next for c in moved] == [3000, 3000]
+
+
+def test_cut_rounds_share_the_budget_and_serve_the_partition_furthest_behind_first() -> None:
+    heads = [plan.Head(PartitionCursor("clicks", 0, 0, 0, 0), end=2000, linger_due=True),
+             plan.Head(PartitionCursor("clicks", 1, 0, 0, 0), end=5000, linger_due=True)]
+    rounds, moved = plan.cut_rounds(heads, max_records=1000, budget=3)
+    assert [[(t.partition, t.start) for t in r] for r in rounds] == [[(1, 0), (0, 0)], [(1, 1000)]]
+    assert [c.next for c in moved] == [1000, 2000]
+    # One task of room, as when a trainer has just finished one: the one further behind.
+    rounds, _ = plan.cut_rounds([plan.Head(c, h.end, True) for c, h in zip(moved, heads)], 1000, 1)
+    assert [(t.partition, t.start) for r in rounds for t in r] == [(1, 2000)]
+
+
+def test_cut_rounds_with_nothing_to_cut_or_no_budget_leave_the_cursors() -> None:
+    head = plan.Head(live(), end=500, linger_due=False)
+    assert plan.cut_rounds([head], max_records=1000, budget=5) == ([], [head.cursor])
+    assert plan.cut_rounds([plan.Head(live(), 5000, True)], 1000, 0) == ([], [live()])
+
+
+@settings(max_examples=200, deadline=None)
+@given(ends=st.lists(st.integers(0, 5000), min_size=1, max_size=6), budget=st.integers(0, 40),
+       linger=st.booleans())
+def test_cut_rounds_cut_what_cut_would_per_partition_within_the_budget(ends, budget, linger) -> None:
+    heads = [plan.Head(PartitionCursor("clicks", p, 0, 0, 0), end, linger) for p, end in enumerate(ends)]
+    rounds, moved = plan.cut_rounds(heads, max_records=700, budget=budget)
+    cut = [t for r in rounds for t in r]
+    assert len(cut) <= budget and all(r for r in rounds)
+    for head, cursor in zip(heads, moved):
+        mine = [t for t in cut if t.partition == head.cursor.partition]
+        alone, _ = plan.cut(head.cursor, head.end, 700, linger, len(mine))
+        assert mine == alone and cursor.next == (mine[-1].end if mine else 0)
+        # A partition's k-th task is in round k: rounds never skip one.
+        assert [k for k, r in enumerate(rounds) for t in r if t in mine] == list(range(len(mine)))
+    if len(cut) < budget:
+        assert all(len(plan.cut(c, h.end, 700, linger, 1)[0]) == 0 for c, h in zip(moved, heads))
+
+
+def test_rounds_of_regroups_a_saved_queue_in_offset_order() -> None:
+    saved = [TaskRecord.for_range("clicks", p, s, s + 10) for p, s in [(1, 20), (0, 10), (1, 0), (0, 0), (1, 10)]]
+    assert [[(t.partition, t.start) for t in r] for r in plan.rounds_of(saved)] == [
+        [(0, 0), (1, 0)], [(0, 10), (1, 10)], [(1, 20)]]
+    assert plan.rounds_of([]) == []
+
+
+def test_claims_take_the_oldest_transaction_first_and_its_tasks_round_by_round() -> None:
+    ids = {name: TaskRecord.make_id("clicks", p, start) for name, (p, start) in
+           {"a0": (0, 0), "a1": (0, 10), "b0": (1, 0), "b1": (1, 10), "a2": (0, 20), "b2": (1, 20)}.items()}
+    # etcd lists one transaction's tasks in no particular order, here partition after partition.
+    listed = [(7, ids["a0"]), (7, ids["a1"]), (7, ids["b0"]), (7, ids["b1"]), (9, ids["b2"]), (9, ids["a2"])]
+    order = plan.claim_order(listed, truncated=False)
+    assert [listed[i][1] for i in order] == [ids[n] for n in ("a0", "b0", "a1", "b1", "a2", "b2")]
+    # Cut at the listing's limit, the newest revision may be partial: it waits.
+    assert [listed[i][1] for i in plan.claim_order(listed, truncated=True)] == [
+        ids[n] for n in ("a0", "b0", "a1", "b1")]
+    assert plan.claim_order(listed[:4], truncated=True) == [0, 2, 1, 3]
+
+
+def test_claim_order_puts_ids_it_cannot_read_last() -> None:
+    assert plan.claim_order([(3, "not-a-task"), (3, TaskRecord.make_id("clicks", 0, 5))], False) == [1, 0]
+
+
 def test_task_ids_carry_the_pass_from_the_second_pass_on() -> None:
     second = PartitionCursor("clicks", 0, 0, 0, 0, stop=5, pass_no=1)
     tasks, _ = plan.cut(second, end=5, max_records=10, linger_due=False, budget=1)
