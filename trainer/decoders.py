@@ -190,7 +190,6 @@ class _JsonFast:
         return True
 
 
-_DIGITS = "^[0-9]+$"
 
 
 class _CsvFast:
@@ -214,24 +213,30 @@ class _CsvFast:
 
     def parse(self, values: Sequence[bytes | None]) -> tuple[Columns, np.ndarray, list[int]]:
         """(columns of the records decoded here, their positions, positions for CsvDecoder)."""
-        lines, at, slow = [], [], []
-        if self.usable:
-            for i, value in enumerate(values):
-                line = value.rstrip(b"\r\n") if value is not None else b""
-                if not line or b"\n" in line or b"\r" in line or b'"' in line:
-                    slow.append(i)
-                else:
-                    lines.append(line)
-                    at.append(i)
+        plain = _plain_lines(values) if self.usable else None
+        if plain is not None:  # the usual chunk: every record one plain line, checked in C
+            lines, at, slow, joined = values, range(len(values)), [], plain
         else:
-            slow = list(range(len(values)))
+            lines, at, slow = [], [], []
+            if self.usable:
+                for i, value in enumerate(values):
+                    line = value.rstrip(b"\r\n") if value is not None else b""
+                    if not line or b"\n" in line or b"\r" in line or b'"' in line:
+                        slow.append(i)
+                    else:
+                        lines.append(line)
+                        at.append(i)
+            else:
+                slow = list(range(len(values)))
+            joined = b"\n".join(lines)
         try:
-            b"\n".join(lines).decode("utf-8")
+            joined.decode("utf-8")
         except UnicodeDecodeError:  # rare: find the lines that are not UTF-8
             valid = [_utf8(line) for line in lines]
             slow.extend(i for i, ok in zip(at, valid) if not ok)
             lines = [line for line, ok in zip(lines, valid) if ok]
             at = [i for i, ok in zip(at, valid) if ok]
+            joined = b"\n".join(lines)
         if not lines:
             return _empty_columns(len(self.fields), len(self.dense)), np.zeros(0, dtype=np.int64), sorted(slow)
         wrong: list[int] = []
@@ -240,7 +245,7 @@ class _CsvFast:
             wrong.append(row.number - 1)  # 1-based line numbers
             return "skip"
 
-        table = pv.read_csv(pa.py_buffer(b"\n".join(lines)), read_options=self._read, convert_options=self._convert,
+        table = pv.read_csv(pa.py_buffer(joined), read_options=self._read, convert_options=self._convert,
                             parse_options=pv.ParseOptions(invalid_row_handler=skip))
         at = np.asarray(at, dtype=np.int64)
         if wrong:
@@ -274,10 +279,12 @@ class _CsvFast:
                  ) -> np.ndarray:
         """The column as numbers; a cell neither pyarrow's cast nor `parse` (after strip)
         takes clears its row in `ok`."""
-        try:
-            return pc.cast(column, arrow_type).to_numpy()
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            pass
+        # pyarrow's integer cast also takes '0x10', which `int` refuses: integers must be digits.
+        if parse is float or pc.all(pc.ascii_is_decimal(column)).as_py():
+            try:
+                return pc.cast(column, arrow_type).to_numpy()
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                pass
         out = np.zeros(len(column), dtype=np.float64 if parse is float else np.int64)
         for k, cell in enumerate(column.to_pylist()):
             try:
@@ -290,7 +297,9 @@ class _CsvFast:
     def _ids(column: pa.ChunkedArray, ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One id per cell where every cell is a plain number that fits 64 bits (in C); else
         each cell as CsvDecoder splits and hashes it."""
-        if pc.all(pc.match_substring_regex(column, _DIGITS)).as_py():
+        # ASCII digits only, and at least one: what `str.isdigit` then `int` take as the id
+        # itself (a '+5' or '0x10' is a category to CsvDecoder, though pyarrow's cast takes it).
+        if pc.all(pc.ascii_is_decimal(column)).as_py():
             try:
                 return pc.cast(column, pa.uint64()).to_numpy(), np.ones(len(column), dtype=np.int64)
             except pa.ArrowInvalid:
@@ -308,6 +317,19 @@ class _CsvFast:
             ids += row
             counts[k] = len(row)
         return np.array(ids, dtype=np.uint64), counts
+
+
+def _plain_lines(values: Sequence[bytes | None]) -> bytes | None:
+    """The records joined by line breaks if every one is a non-empty line with no line break,
+    carriage return or quote (what the per-record checks let through unchanged), else None."""
+    try:
+        joined = b"\n".join(values)
+    except TypeError:  # a record without a value
+        return None
+    if (not joined or joined.count(b"\n") != len(values) - 1 or b"\r" in joined or b'"' in joined
+            or b"\n\n" in joined or joined[:1] == b"\n" or joined[-1:] == b"\n"):
+        return None
+    return joined
 
 
 def _utf8(line: bytes) -> bool:

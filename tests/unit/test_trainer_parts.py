@@ -232,9 +232,10 @@ _sparse_cells = st.one_of(st.integers(0, 2**64 + 5).map(str),
                                    max_size=3).map("|".join))
 _csv_lines = st.one_of(
     st.tuples(_numbers | st.sampled_from(["0", "1", "0.25"]), _sparse_cells, _numbers, _sparse_cells, _numbers,
-              st.integers(-5, 2**64).map(str) | st.sampled_from(["1_0", " 9"])).map(lambda cells: ",".join(cells)),
+              st.integers(-5, 2**64).map(str) | st.sampled_from(["1_0", " 9", "0x10", "+4"])).map(",".join),
     st.sampled_from(["", "1,2", "1,2,3,4,5,6,7", '1,"2,3",4,5,6,7', "1,2,\n3,4,5,6", "\r\n", "0,1,2,3,4,5\r\n"]),
-).map(lambda line: line.encode() + b"\n") | st.sampled_from([None, b"\xff\xfe,1,2,3,4,5", b"1,2,3,4,5,6\xff"])
+).flatmap(lambda line: st.sampled_from([line.encode() + b"\n", line.encode()])) \
+    | st.sampled_from([None, b"\xff\xfe,1,2,3,4,5", b"1,2,3,4,5,6\xff"])
 
 
 @settings(max_examples=300, deadline=None)
@@ -247,7 +248,8 @@ def test_csv_chunks_decode_as_one_by_one_does(values) -> None:
 def test_a_clean_csv_chunk_is_decoded_without_the_one_record_decoder(monkeypatch) -> None:
     decoder = ChunkDecoder(_CSV_SECTION, ("user", "os"), 2)
     monkeypatch.setattr(decoder, "_one", lambda value: pytest.fail(f"{value!r} went one by one"))
-    decoded = decoder.decode([f"{i % 2},{i},0.5,{i * 7},-{i}.25,{1000 + i}\n".encode() for i in range(300)])
+    lines = [f"{i % 2},{i},0.5,{i * 7},-{i}.25,{1000 + i}".encode() for i in range(300)]
+    decoded = decoder.decode([line + b"\n" if i % 2 else line for i, line in enumerate(lines)])
     assert len(decoded.columns) == 300 and not decoded.bad
     assert decoded.columns.sparse[1][0][:3].tolist() == [0, 7, 14]
     assert decoded.columns.dense[3].tolist() == [0.5, -3.25] and decoded.columns.event_time_ms[-1] == 1299
