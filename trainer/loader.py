@@ -170,12 +170,12 @@ class RecordLoader:
 def load_range(reader: RangeReader, decoder: ChunkDecoder, featurizer: Featurizer, chunk_records: int,
                topic: str, partition: int, start: int, end: int) -> Iterator[Loaded]:
     """`[start, end)` in chunks of `chunk_records` records (the last one shorter)."""
-    records = []
-    for msg in reader.read(topic, partition, start, end):
-        records.append(msg)
-        if len(records) == chunk_records:
-            yield _prepared(decoder, featurizer, records)
-            records = []
+    records: list = []
+    for batch in reader.read_batches(topic, partition, start, end):
+        records += batch
+        while len(records) >= chunk_records:
+            yield _prepared(decoder, featurizer, records[:chunk_records])
+            records = records[chunk_records:]
     if records:
         yield _prepared(decoder, featurizer, records)
 

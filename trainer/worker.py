@@ -163,7 +163,7 @@ class Trainer:
         spec = model_spec(config)
         # Started first: the child's imports overlap the rest of the start-up. Records are
         # decoded in chunks large enough to amortise the per-chunk numpy calls.
-        self._chunk_records = max(config.model.batch_size, 2048)
+        self._chunk_records = max(config.model.batch_size, 4096)
         self.loader = RecordLoader(LoaderSpec(
             self.endpoints, f"{config.name}.trainer.{self.trainer_id}", config.input, spec.fields,
             spec.dense_features, config.model.hash_buckets, self._chunk_records))
