@@ -165,12 +165,6 @@ class RowTable:
         """A copy of the values of `rows` (one np.take over a row view: no 2-d fancy indexing)."""
         return np.take(row_view(self.values), rows).view(np.float32).reshape(len(rows), self.dim)
 
-    def apply(self, ids: np.ndarray, grads: np.ndarray, rule: UpdateRule) -> np.ndarray:
-        """Apply one gradient row per distinct id; returns the table rows touched."""
-        rows = self.rows_for(ids)
-        self.update(rows, grads, rule)
-        return rows
-
     def update(self, rows: np.ndarray, grads: np.ndarray, rule: UpdateRule) -> np.ndarray:
         """One step of `rule` on distinct table rows; returns their new values (a copy).
 

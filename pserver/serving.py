@@ -146,7 +146,8 @@ class Publisher:
         if reset:
             self._dirty, self._dirty_rows, self._flushed_at = {}, 0, time.monotonic()
             return Snapshot([], blocks, _gather(state, changes.rows), flush=True)
-        rows = _gather(state, changes.rows)
+        rows = [(table, ids, changes.values[table]) for table, ids in changes.rows.items() if table in changes.values]
+        rows += _gather(state, {t: ids for t, ids in changes.rows.items() if t not in changes.values})
         for table, ids, _ in rows:
             self._dirty.setdefault(table, []).append(ids)
             self._dirty_rows += len(ids)

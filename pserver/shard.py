@@ -38,7 +38,7 @@ from pserver.checkpoint import CheckpointStore
 from pserver.optimizers import make_rule
 from pserver.serving import Publisher, Snapshot
 from pserver.sharding import SlotMap
-from pserver.state import BadDeltaError, Changes, ShardState
+from pserver.state import BadDeltaError, Changes, ShardState, newest
 from schemas import DeadLetter, EtcdKeys, GradientDelta, PartitionCursor, RedisKeys, SchemaError, Topics
 from streamtrain.observability import PserverMetrics
 
@@ -81,19 +81,22 @@ class _Pending:
     """Changes applied but not yet in Redis, coalesced across deltas."""
 
     rows: dict[str, list[np.ndarray]] = field(default_factory=lambda: defaultdict(list))
+    values: dict[str, list[np.ndarray]] = field(default_factory=lambda: defaultdict(list))
     blocks: set[tuple[str, int]] = field(default_factory=set)
 
     def add(self, changes: Changes) -> None:
         for table, ids in changes.rows.items():
             self.rows[table].append(ids)
+            self.values[table].append(changes.values[table])
         self.blocks |= changes.blocks
 
     def take(self) -> Changes | None:
         if not self.rows and not self.blocks:
             return None
-        changes = Changes({t: np.unique(np.concatenate(parts)) for t, parts in self.rows.items()},
-                          self.blocks)
-        self.rows, self.blocks = defaultdict(list), set()
+        changes = Changes(blocks=self.blocks)
+        for table, parts in self.rows.items():
+            changes.rows[table], changes.values[table] = newest(parts, self.values[table])
+        self.rows, self.values, self.blocks = defaultdict(list), defaultdict(list), set()
         return changes
 
 

@@ -31,8 +31,11 @@ class DenseBlock:
 
 @dataclass
 class Changes:
-    rows: dict[str, np.ndarray] = field(default_factory=dict)  # table -> ids
+    rows: dict[str, np.ndarray] = field(default_factory=dict)  # table -> ids, sorted and distinct
     blocks: set[tuple[str, int]] = field(default_factory=set)
+    # table -> the rows' values after the change, aligned with `rows` (an apply knows them:
+    # its publish then need not look them up again); a table absent here is read from the state
+    values: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 class ShardState:
@@ -63,9 +66,14 @@ class ShardState:
         changes = Changes()
         for part in delta.sparse:
             ids, grads = _distinct(part.ids, part.values)
-            self._table(part.table, part.dim).apply(ids, grads, self.rule)
+            table = self._table(part.table, part.dim)
+            values = table.update(table.rows_for(ids), grads, self.rule)
             seen = changes.rows.get(part.table)
-            changes.rows[part.table] = ids if seen is None else np.union1d(seen, ids)
+            if seen is None:
+                changes.rows[part.table], changes.values[part.table] = ids, values
+            else:  # a push of several steps: each row's newest values
+                changes.rows[part.table], changes.values[part.table] = newest(
+                    [seen, ids], [changes.values[part.table], values])
         for piece in delta.dense:
             block = self._block(piece.param, piece.block, len(piece.values))
             self.rule.apply(block.values, piece.values.reshape(1, -1).astype(np.float32, copy=False),
@@ -122,6 +130,16 @@ class ShardState:
                 np.zeros((1, length), dtype=np.float32),
                 {n: np.zeros((1, length), dtype=np.float32) for n in self.rule.state_names})
         return found
+
+
+def newest(ids: list[np.ndarray], values: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows changed one batch after another (each batch's ids distinct): their ids sorted and
+    distinct, with the values the last batch that changed each gave it."""
+    if len(ids) == 1:
+        return ids[0], values[0]
+    later_first = np.concatenate(ids[::-1])
+    distinct, first = np.unique(later_first, return_index=True)
+    return distinct, np.concatenate(values[::-1])[first]
 
 
 def _distinct(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -9,7 +9,7 @@ import torch
 
 from pserver.optimizers import Adagrad, Adam
 from pserver.rows import initial_rows
-from pserver.state import BadDeltaError, ShardState
+from pserver.state import BadDeltaError, ShardState, newest
 from schemas import DenseSlice, GradientDelta, SparseRows, TaskRecord
 
 
@@ -122,3 +122,23 @@ def test_a_delta_with_the_wrong_row_width_is_refused_without_side_effects() -> N
     with pytest.raises(BadDeltaError, match="rows of 2"):
         state.apply(delta(1, [1], [[1.0, 2.0, 3.0]]))
     assert state.apply(delta(1, [1], [[1.0, 2.0]])) is not None  # seq 1 was not consumed
+
+
+def test_an_apply_reports_each_changed_rows_newest_values() -> None:
+    """The publisher sends these values instead of looking the rows up again."""
+    state = ShardState(Adam(lr=0.01))
+    rng = np.random.default_rng(5)
+    parts = tuple(SparseRows("user", np.array(ids, dtype=np.uint64), rng.standard_normal((len(ids), 4)).astype(np.float32))
+                  for ids in ([1, 4, 7], [4, 9], [1, 2]))  # a push of three steps
+    changes = state.apply(GradientDelta(task_id=TaskRecord.make_id("clicks", 0, 0), seq=0, trainer_id="t",
+                                        shard=0, step=0, examples=30, sparse=parts))
+    table = state.tables["user"]
+    assert changes.rows["user"].tolist() == [1, 2, 4, 7, 9]
+    np.testing.assert_array_equal(changes.values["user"], table.gather(table.rows_for(changes.rows["user"])))
+
+
+def test_newest_keeps_the_last_value_each_id_was_given() -> None:
+    ids, values = newest([np.array([3, 5], dtype=np.uint64), np.array([1, 5], dtype=np.uint64),
+                          np.array([3], dtype=np.uint64)],
+                         [np.array([[30.0], [50.0]]), np.array([[10.0], [51.0]]), np.array([[31.0]])])
+    assert ids.tolist() == [1, 3, 5] and values[:, 0].tolist() == [10.0, 31.0, 51.0]
