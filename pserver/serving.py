@@ -228,6 +228,14 @@ class Publisher:
         finally:
             self._redis.connection_pool.release(conn)
 
+    def send_steps(self, document: str) -> None:
+        """The barrier's steps document (sync and bounded SGD) to its key, and to the trainers
+        waiting on its channel."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.set(self._keys.steps(self.shard), document)
+        pipe.publish(self._keys.steps_written(self.shard), document)
+        pipe.execute()
+
     def _applied_command(self, applied: dict[str, int]) -> bytes:
         return resp.command(b"SET", self._keys.applied(self.shard).encode(), _applied_json(applied))
 
@@ -439,6 +447,50 @@ class ParamClient:
         return {s: int(v) for s, v in zip(shards, raw)}
 
 
+class ChannelWatch:
+    """The newest message of each of some pub/sub channels, waited for on a connection of
+    their own: a waiter sleeps until Redis pushes one instead of polling keys."""
+
+    def __init__(self, client: redis.Redis, channels: Mapping[str, int]) -> None:
+        self._redis = client
+        self._channels = {name.encode(): index for name, index in channels.items()}
+        self._pubsub = None
+
+    def subscribe(self) -> None:
+        """Start listening (a caller that reads the keys after this misses no change)."""
+        if self._pubsub is None:
+            self._pubsub = self._redis.pubsub()
+            self._pubsub.subscribe(*self._channels)
+
+    def wait(self, timeout_s: float) -> dict[int, bytes]:
+        """{channel index: newest message} of those received, waiting up to `timeout_s` for
+        the first. Empty when none came, or the connection failed (then it subscribes again
+        on the next call): messages sent meanwhile are lost, so an empty answer means "read
+        the keys"."""
+        out: dict[int, bytes] = {}
+        try:
+            self.subscribe()
+            # Raw replies off the subscribed connection: get_message's dispatch and retry
+            # layers cost more than the rest of the wait.
+            conn = self._pubsub.connection
+            wait = timeout_s
+            while conn.can_read(timeout=wait):
+                reply = conn.read_response(push_request=True)  # RESP3: messages are pushes
+                if reply[0] == b"message" and reply[1] in self._channels:
+                    out[self._channels[reply[1]]] = reply[2]
+                wait = 0
+        except redis.RedisError:
+            self.close()
+        return out
+
+    def close(self) -> None:
+        if self._pubsub is not None:
+            try:
+                self._pubsub.close()
+            finally:
+                self._pubsub = None
+
+
 class AppliedWatch:
     """One trainer's steps as the shards' publish rounds carry them (`RedisKeys.published`,
     pub/sub), so a trainer waiting for its pushes to be published sleeps until one is: a
@@ -451,41 +503,22 @@ class AppliedWatch:
         self._redis = client
         self._keys = RedisKeys(job)
         self._trainer_id = trainer_id
-        self._channels = {self._keys.published(s, trainer_id).encode(): s for s in range(shards)}
-        self._pubsub = None
+        self._shards = range(shards)
+        self._watch = ChannelWatch(client, {self._keys.published(s, trainer_id): s for s in self._shards})
 
     def wait(self, timeout_s: float) -> dict[int, dict[str, int]]:
         """{shard: {trainer id: newest step}} of the rounds announced since the last call,
         waiting up to `timeout_s` for one. Messages sent while no one listened are lost
         (before the first call, across a reconnection), so a wait that times out reads the
         shards' `applied` keys instead."""
-        out: dict[int, dict[str, int]] = {}
-        try:
-            if self._pubsub is None:
-                self._pubsub = self._redis.pubsub()
-                self._pubsub.subscribe(*self._channels)
-            # Raw replies off the subscribed connection: get_message's dispatch and retry
-            # layers cost more than the rest of the wait.
-            conn = self._pubsub.connection
-            wait = timeout_s
-            while conn.can_read(timeout=wait):
-                reply = conn.read_response(push_request=True)  # RESP3: messages are pushes
-                if reply[0] == b"message" and reply[1] in self._channels:
-                    out[self._channels[reply[1]]] = {self._trainer_id: int(reply[2])}
-                wait = 0
-        except redis.RedisError:
-            self.close()
-        if not out:
-            raw = self._redis.mget([self._keys.applied(s) for s in self._channels.values()])
-            out = {s: json.loads(v) for s, v in zip(self._channels.values(), raw) if v}
-        return out
+        heard = self._watch.wait(timeout_s)
+        if heard:
+            return {shard: {self._trainer_id: int(step)} for shard, step in heard.items()}
+        raw = self._redis.mget([self._keys.applied(s) for s in self._shards])
+        return {s: json.loads(v) for s, v in zip(self._shards, raw) if v}
 
     def close(self) -> None:
-        if self._pubsub is not None:
-            try:
-                self._pubsub.close()
-            finally:
-                self._pubsub = None
+        self._watch.close()
 
 
 class PendingPull:

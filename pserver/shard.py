@@ -130,7 +130,7 @@ class BackgroundPublisher:
         self._applied: dict[str, int] = {}  # trainer id -> newest step applied
         self._applied_changed = False
         self._wake = threading.Event()
-        self._note: tuple[str, str] | None = None
+        self._note: str | None = None  # the steps document to write after the next round
         self._checked_at = time.monotonic()
         self._stop = threading.Event()
         # Held for a whole round, so no send of an older snapshot is in flight while someone
@@ -148,9 +148,10 @@ class BackgroundPublisher:
             self._applied_changed = True
         self._wake.set()
 
-    def note(self, key: str, value: str) -> None:
-        """A value to SET after the next round's send (with the state lock held)."""
-        self._note = (key, value)
+    def note(self, steps: str) -> None:
+        """The barrier's steps document, to write after the next round's send (with the
+        state lock held)."""
+        self._note = steps
 
     def republish(self) -> None:
         """Everything, next round (with the state lock held)."""
@@ -219,7 +220,7 @@ class BackgroundPublisher:
         if snapshot is None:
             if applied is None:
                 if note is not None:
-                    self.publisher.client.set(*note)
+                    self.publisher.send_steps(note)
                 return
             # Only duplicates were applied: the round says so, for trainers that follow the
             # rounds stream to learn when their pushes are published.
@@ -236,7 +237,7 @@ class BackgroundPublisher:
             self._everything = True  # the version restarted: Redis lost its data around this write
         self.version = version
         if note is not None:
-            self.publisher.client.set(*note)
+            self.publisher.send_steps(note)
 
 
 class PserverShard:
@@ -456,7 +457,7 @@ class PserverShard:
         pulls parameters that include it."""
         note = json.dumps({"next": self.barrier.next_step, "trainers": self.barrier.steps()})
         with self.lock:
-            self.publishing.note(self.redis_keys.steps(self.index), note)
+            self.publishing.note(note)
 
     def _apply_delta(self, delta: GradientDelta) -> None:
         try:

@@ -170,6 +170,11 @@ class RedisKeys:
         """Sync/bounded SGD: {"next": first step not yet released, "trainers": {id: newest step}}."""
         return f"{self.prefix}steps:{_redis_check.integer('shard', shard, hi=U32_MAX)}"
 
+    def steps_written(self, shard: int) -> str:
+        """A pub/sub channel: the shard's `steps` document each time it is written, so a
+        trainer waiting at the sync or bounded gate wakes when it changes instead of polling."""
+        return f"{self.prefix}steps-written:{_redis_check.integer('shard', shard, hi=U32_MAX)}"
+
     def applied(self, shard: int) -> str:
         """Per trainer, the newest step of it this shard has applied (or dropped as a
         duplicate) and published: {id: step}, JSON. Written with the values it describes, so a

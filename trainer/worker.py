@@ -142,6 +142,7 @@ class Trainer:
                     self.loader.close()
                     self.delivery.close()
                     self.applied_watch.close()
+                    self.gate.close()
                     self.redis.close()
                     self.lease.revoke()
                     gc.unfreeze()
