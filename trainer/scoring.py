@@ -34,7 +34,8 @@ class Scorer:
         for i in range(0, len(examples), batch_size):
             batch = self.featurizer.batch(examples[i:i + batch_size])
             unique, inverse = np.unique(batch.ids, return_inverse=True)
-            inverse_t, bags_t = torch.from_numpy(inverse.astype(np.int64)), torch.from_numpy(batch.bags)
+            inverse_t = torch.from_numpy(inverse.astype(np.int64))
+            bags_t = None if batch.one_id_per_bag() else torch.from_numpy(batch.bags)
             rows = self.rows
             values = (torch.from_numpy(self.sync.pull_rows(rows.name, unique, rows.width)) if rows.width
                       else torch.zeros(len(unique), 0))

@@ -416,7 +416,7 @@ class Trainer:
         started = time.perf_counter()
         layout = self.rows
         inverse_t = self._to(torch.from_numpy(inverse.astype(np.int64)))
-        bags_t = self._to(torch.from_numpy(batch.bags))
+        bags_t = None if batch.one_id_per_bag() else self._to(torch.from_numpy(batch.bags))
         rows = self._to(torch.from_numpy(values))
         rows.requires_grad_(True)
         pooled = layout.split(pool(rows, inverse_t, bags_t, batch.size, batch.fields))

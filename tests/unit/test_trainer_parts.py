@@ -79,6 +79,23 @@ def test_featurizer_hashes_per_field_and_bags_per_example_and_field() -> None:
     rows = torch.arange(8, dtype=torch.float32).view(4, 2)
     pooled = pool(rows, torch.tensor([0, 1, 2, 3]), torch.from_numpy(batch.bags), 2, 2)
     assert pooled.shape == (2, 2, 2) and pooled[0, 1].tolist() == [6.0, 8.0]
+    assert not batch.one_id_per_bag()  # two ids in one bag, none in another
+
+
+def test_bags_of_one_id_pool_as_a_plain_lookup() -> None:
+    f = Featurizer(("user", "ad"), 2, 1 << 20)
+    batch = f.batch([Example({"user": (4,), "ad": (9,)}, (0.0, 0.0), 1.0, 0),
+                     Example({"user": (4,), "ad": (2,)}, (0.0, 0.0), 0.0, 0)])
+    assert batch.one_id_per_bag()
+    unique, inverse = np.unique(batch.ids, return_inverse=True)
+    rows = torch.randn(len(unique), 3, requires_grad=True)
+    inverse_t = torch.from_numpy(inverse.astype(np.int64))
+    summed = pool(rows, inverse_t, torch.from_numpy(batch.bags), 2, 2)
+    looked_up = pool(rows, inverse_t, None, 2, 2)
+    assert torch.equal(summed, looked_up)
+    (grad_summed,) = torch.autograd.grad(summed.square().sum(), rows)
+    (grad_looked_up,) = torch.autograd.grad(looked_up.square().sum(), rows)
+    assert torch.equal(grad_summed, grad_looked_up)
 
 
 def test_chunk_decoder_takes_what_one_by_one_takes_and_gives_the_same_reasons() -> None:
