@@ -152,9 +152,7 @@ def shard_path(state: ShardState, payloads: list[bytes], client: redis.Redis, wi
     for raw in payloads:
         delta = GradientDelta.from_bytes(raw)
         with lock:
-            changes = state.apply(delta)
-            if changes is not None:
-                publishing.add(changes)
+            publishing.add(state.apply(delta), delta.trainer_id, delta.step)
     applied = time.perf_counter() - began
     publishing.stop()
     return (applied, time.perf_counter() - began, publishing.rows - rows_before,
