@@ -73,7 +73,14 @@ class ParamBlock:
         r.align(_ALIGN, "padding")
         values = r.array("<f4", count, "values")
         r.finish()
-        return cls(param, block, version, values)
+        # Widths and ranges hold by the wire format (a u32 block and count, a u64 version,
+        # float32 values): only the name and the values' finiteness are left to check. A pull
+        # decodes every dense block, so the dataclass's own checks were half its decoding.
+        _check.name("param", param)
+        _check.finite("values", values)
+        out = object.__new__(cls)
+        out.__dict__.update(param=param, block=block, version=version, values=values)
+        return out
 
 
 def encode_rows(values: np.ndarray) -> list[bytes]:
