@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pv
+import pyarrow.json as pj
 
 from master.config import CsvColumn, InputSection
 from schemas import Example, SchemaError
@@ -60,11 +61,16 @@ class ChunkDecoder:
         self.dense_features = dense_features
         self._one = make_decoder(section)
         self._fast = _JsonFast() if section.format == "json" else None
+        self._arrow = _JsonArrow(self.fields, dense_features) if section.format == "json" else None
         self._csv = _CsvFast(section.csv_columns, self.fields, dense_features) if section.format == "csv" else None
 
     def decode(self, values: Sequence[bytes | None]) -> Decoded:
         if self._csv is not None:
             return self._decode_csv(values)
+        if self._arrow is not None:
+            columns = self._arrow.parse(values)
+            if columns is not None:
+                return Decoded(columns, [])
         if self._fast is not None:
             picked, slow = self._fast.parse(values, self.dense_features)
         else:
@@ -190,6 +196,68 @@ class _JsonFast:
         return True
 
 
+
+
+class _JsonArrow:
+    """A chunk of JSON records into columns in C, by pyarrow's JSON reader against the one
+    document shape every record of the usual chunk has: `v` 1, every declared field and no
+    other, unsigned integer ids, the job's dense width, a label in [0, 1], a time of at least
+    zero. Any other chunk (a missing or extra key, a record another type refuses, a record
+    over several lines) returns None and goes through `_JsonFast`, which decides record by
+    record: so this decides speed, never a verdict. About five times cheaper than msgspec's
+    objects per record, which the columns were gathered from."""
+
+    def __init__(self, fields: Sequence[str], dense_features: int) -> None:
+        self.fields = tuple(fields)
+        self.dense_features = dense_features
+        schema = pa.schema([("v", pa.int64()),
+                            ("sparse", pa.struct([(f, pa.list_(pa.uint64())) for f in self.fields])),
+                            ("dense", pa.list_(pa.float64())), ("label", pa.float64()), ("ts", pa.int64())])
+        self._parse = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="error",
+                                      newlines_in_values=False)
+        self._read = pj.ReadOptions(use_threads=False, block_size=1 << 26)
+
+    def parse(self, values: Sequence[bytes | None]) -> Columns | None:
+        n = len(values)
+        try:
+            joined = b"\n".join(values)
+        except TypeError:  # a record without a value
+            return None
+        if not n or joined.count(b"\n") != n - 1 or b"\r" in joined:
+            return None
+        try:
+            table = pj.read_json(pa.py_buffer(joined), read_options=self._read, parse_options=self._parse)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None
+        if table.num_rows != n:  # an empty line skipped, or two documents on one
+            return None
+        table = table.combine_chunks()
+        v, sparse, dense, label, ts = (table.column(i).chunk(0) if table.column(i).num_chunks else None
+                                       for i in range(5))
+        if any(c is None or c.null_count for c in (v, sparse, dense, label, ts)):
+            return None
+        if not pc.all(pc.equal(v, 1)).as_py():
+            return None
+        columns = []
+        for i in range(len(self.fields)):
+            ids = sparse.field(i)
+            if ids.null_count:  # a field left out (or null): as one by one would say
+                return None
+            columns.append((ids.flatten().to_numpy(zero_copy_only=False).astype(np.uint64, copy=False),
+                            pc.list_value_length(ids).to_numpy(zero_copy_only=False).astype(np.int64)))
+        widths = pc.list_value_length(dense).to_numpy(zero_copy_only=False)
+        if not (widths == self.dense_features).all():
+            return None
+        wide = dense.flatten().to_numpy(zero_copy_only=False).reshape(n, self.dense_features)
+        labels = label.to_numpy(zero_copy_only=False)
+        times = ts.to_numpy(zero_copy_only=False)
+        with np.errstate(over="ignore", invalid="ignore"):
+            dense32 = wide.astype(np.float32)
+            fits = (np.isfinite(dense32).all() and np.isfinite(wide).all()
+                    and bool(((labels >= 0.0) & (labels <= 1.0)).all()) and bool((times >= 0).all()))
+        if not fits:
+            return None
+        return Columns(tuple(columns), dense32, labels.astype(np.float32), times.astype(np.int64))
 
 
 class _CsvFast:
