@@ -97,7 +97,9 @@ class Batch:
         """Whether every (example, field) holds exactly one id, as single-valued categorical
         fields do: pooling is then a plain lookup (`pool` with no bags)."""
         n = len(self.bags)
-        return n == self.size * self.fields and (n == 0 or (self.bags[0] == 0 and bool((np.diff(self.bags) == 1).all())))
+        if n != self.size * self.fields:
+            return False
+        return n == 0 or (self.bags[0] == 0 and bool((np.diff(self.bags) == 1).all()))
 
     def slice(self, start: int, stop: int) -> Batch:
         lo, hi = int(self.offsets[start]), int(self.offsets[stop])

@@ -128,7 +128,8 @@ def test_an_apply_reports_each_changed_rows_newest_values() -> None:
     """The publisher sends these values instead of looking the rows up again."""
     state = ShardState(Adam(lr=0.01))
     rng = np.random.default_rng(5)
-    parts = tuple(SparseRows("user", np.array(ids, dtype=np.uint64), rng.standard_normal((len(ids), 4)).astype(np.float32))
+    parts = tuple(SparseRows("user", np.array(ids, dtype=np.uint64),
+                             rng.standard_normal((len(ids), 4)).astype(np.float32))
                   for ids in ([1, 4, 7], [4, 9], [1, 2]))  # a push of three steps
     changes = state.apply(GradientDelta(task_id=TaskRecord.make_id("clicks", 0, 0), seq=0, trainer_id="t",
                                         shard=0, step=0, examples=30, sparse=parts))
