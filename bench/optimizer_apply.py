@@ -12,7 +12,9 @@ step counter (a shard needs one for lazy per-row state), so it moves one array l
 Prints one JSON report; each rate is the best of --rounds rounds (the least disturbed by other
 processes), counted over --batches timed batches:
   rules.<name>.apply_rows_per_s        rule.apply alone, on rows already gathered
-  rules.<name>.end_to_end_rows_per_s   gather + apply + scatter
+  rules.<name>.end_to_end_rows_per_s   gather + apply + scatter (the path of a user's rule)
+  rules.<name>.in_place_rows_per_s     rule.apply_at on the tables themselves plus the step
+                                       counts: what a shard does with a built-in rule
   bare_numpy_adagrad.*                 the same two rates for the inline Adagrad
   adagrad_rule_vs_bare                 end-to-end ratio, Adagrad rule / bare numpy
   adagrad_row_view_end_to_end_rows_per_s   the Adagrad rule with gather and scatter done on a
@@ -119,6 +121,19 @@ def rule_step_row_view(rule: UpdateRule, t: Tables, views: list[np.ndarray], ids
     clock.rows += len(ids)
 
 
+def rule_step_in_place(rule: UpdateRule, t: Tables, ids: np.ndarray, grads: np.ndarray,
+                       clock: Clock) -> None:
+    """What RowTable.update does with a built-in: one compiled pass over the rows where they are."""
+    began = time.perf_counter()
+    steps = np.take(t.steps, ids)
+    state = {name: t.state[i] for i, name in enumerate(rule.state_names)}
+    out = np.empty_like(grads)
+    rule.apply_at(t.values, state, ids, grads, steps, out)
+    np.put(t.steps, ids, steps + 1)
+    clock.total += time.perf_counter() - began
+    clock.rows += len(ids)
+
+
 def bare_adagrad_step(values: np.ndarray, acc_table: np.ndarray, ids: np.ndarray,
                       grads: np.ndarray, clock: Clock) -> None:
     began = time.perf_counter()
@@ -169,16 +184,20 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, rule in rules.items():
             tables.reset()
-            clock, bare, viewed = Clock(), Clock(), Clock()
-            for i in range(2):  # warm-up: first-touch costs, allocator growth
+            clock, bare, viewed, in_place = Clock(), Clock(), Clock(), Clock()
+            for i in range(2):  # warm-up: first-touch costs, allocator growth, compilation
                 rule_step(rule, tables, *pool[i], Clock())
+                rule_step_in_place(rule, tables, *pool[i], Clock())
             for i in range(args.batches):
                 ids, grads = pool[i % len(pool)]
                 rule_step(rule, tables, ids, grads, clock)
+                rule_step_in_place(rule, tables, ids, grads, in_place)
                 if name == "adagrad":
                     bare_adagrad_step(tables.values, bare_acc, ids, grads, bare)
                     rule_step_row_view(rule, tables, views, ids, grads, viewed)
             keep(name, clock)
+            best[name]["in_place_rows_per_s"] = max(best[name].get("in_place_rows_per_s", 0.0),
+                                                    in_place.rows / in_place.total)
             if name == "adagrad":
                 keep("bare_numpy_adagrad", bare)
                 keep("adagrad_row_view", viewed)

@@ -168,19 +168,29 @@ class RowTable:
     def update(self, rows: np.ndarray, grads: np.ndarray, rule: UpdateRule) -> np.ndarray:
         """One step of `rule` on distinct table rows; returns their new values (a copy).
 
-        Gather and scatter go through one-item-per-row views (np.take / np.put copy whole rows
-        at once): 2-d fancy indexing was the slow half of every batch (docs/optimizers.md).
+        A rule with `apply_at` (every built-in) updates the rows where they are, in one
+        compiled pass. Any other is handed gathered copies, scattered back afterwards through
+        one-item-per-row views (np.take / np.put copy whole rows at once: 2-d fancy indexing
+        was the slow half of every batch, docs/optimizers.md).
         """
         n, dim = len(rows), self.dim
-        values = np.take(row_view(self.values), rows).view(np.float32).reshape(n, dim)
-        state = {name: np.take(row_view(arr), rows).view(np.float32).reshape(n, dim)
-                 for name, arr in self.state.items()}
+        if grads.shape != (n, dim) or grads.dtype != np.float32:
+            raise ValueError(f"table {self.name!r}: gradients must be float32 ({n}, {dim}), got "
+                             f"{grads.dtype} {grads.shape}")
         steps = np.take(self.steps, rows)
         clock = steps if clock_of(rule) == "row" else np.full(n, self.updates, dtype=np.int64)
-        rule.apply(values, grads, state, clock)
-        np.put(row_view(self.values), rows, row_view(values))
-        for name, arr in self.state.items():
-            np.put(row_view(arr), rows, row_view(state[name]))
+        apply_at = getattr(rule, "apply_at", None)
+        if apply_at is not None:
+            values = np.empty((n, dim), dtype=np.float32)
+            apply_at(self.values, self.state, rows, grads, clock, values)
+        else:
+            values = np.take(row_view(self.values), rows).view(np.float32).reshape(n, dim)
+            state = {name: np.take(row_view(arr), rows).view(np.float32).reshape(n, dim)
+                     for name, arr in self.state.items()}
+            rule.apply(values, grads, state, clock)
+            np.put(row_view(self.values), rows, row_view(values))
+            for name, arr in self.state.items():
+                np.put(row_view(arr), rows, row_view(state[name]))
         np.put(self.steps, rows, steps + 1)
         self.updates += 1
         return values

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pserver.optimizers import make_rule
 from pserver.rows import DIRECT_IDS, IdIndex, RowTable, initial_rows
 
 
@@ -62,3 +64,38 @@ def test_ids_below_and_above_the_direct_range_map_alike() -> None:
     found = index.lookup(ids)
     assert found[:500].tolist() == list(range(500)) and (found[500:] == -1).all()
     assert index.size == 500
+
+
+class _GatheredOnly:
+    """A built-in rule seen as a user's rule would be: `apply` on gathered copies only."""
+
+    def __init__(self, rule) -> None:
+        self.rule, self.name, self.state_names = rule, rule.name, rule.state_names
+        self.clock = getattr(rule, "clock", "row")
+
+    def apply(self, rows, grads, state, steps) -> None:
+        self.rule.apply(rows, grads, state, steps)
+
+
+@pytest.mark.parametrize("spec", ["sgd", "adagrad", "adam", "ftrl"])
+def test_rows_updated_in_place_equal_the_gathered_copies_path(spec: str) -> None:
+    rule = make_rule(spec, lr=0.05)
+    rng = np.random.default_rng(3)
+    in_place = RowTable("t", 8, rule.state_names, capacity=4)
+    gathered = RowTable("t", 8, rule.state_names, capacity=4)
+    for _ in range(5):
+        ids = np.unique(rng.integers(0, 50, 20)).astype(np.uint64)
+        grads = rng.standard_normal((len(ids), 8)).astype(np.float32)
+        a = in_place.update(in_place.rows_for(ids), grads, rule)
+        b = gathered.update(gathered.rows_for(ids), grads, _GatheredOnly(rule))
+        assert np.array_equal(a, b)
+    assert np.array_equal(in_place.values, gathered.values)
+    for name in rule.state_names:
+        assert np.array_equal(in_place.state[name], gathered.state[name])
+
+
+def test_gradients_of_the_wrong_shape_are_refused_naming_the_table() -> None:
+    table = RowTable("user", 4, (), capacity=4)
+    rows = table.rows_for(np.array([1, 2], dtype=np.uint64))
+    with pytest.raises(ValueError, match="table 'user'.*float32 \\(2, 4\\)"):
+        table.update(rows, np.zeros((2, 3), dtype=np.float32), make_rule("sgd", lr=0.1))
