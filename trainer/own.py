@@ -12,13 +12,15 @@ values. The trainer also uses them to bound its pushes in flight (trainer/steps.
 
 The estimate runs the job's own update rule on the push's gradients, with a local copy of the
 rule's state per block advanced by this trainer's gradients only, so Adam's moments are of the
-same scale as the shard's. Rows get no estimate: their rule state is the shard's, and a
-fresh-state estimate is wrong for the rows that matter most (for Adagrad it is `lr` a
+same scale as the shard's. Rows are estimated the same way (`OwnRows`, a local state per row)
+when a later step may train before the shards publish a push: within a push group
+(`train.push_every` > 1) and after pushes left in flight (`train.max_in_flight` > 0); a pull's
+rows then get the changes of the pushes it misses, as its dense blocks do (`add_rows`). A
+fresh state per estimate would be wrong for the rows that matter most (for Adagrad it is `lr` a
 coordinate, far more than a row the shard has updated often takes: a logistic regression lost
-0.02 AUC to it). A trainer whose rows miss its own pushes trains worse, though (a push or two
-cost a deep model 0.008-0.013 AUC, bench/RESULTS.md), which is why a trainer by default waits
-for its pushes to be published before its next pull (`train.max_in_flight` 0); the dense
-estimates serve a trainer allowed to run ahead.
+0.02 AUC to it); without row estimates a push or two in flight cost a deep model 0.008-0.013
+AUC, with them 0.002-0.005 (bench/RESULTS.md). By default a trainer still waits for its pushes
+to be published before its next pull (`train.max_in_flight` 0), which needs no estimate.
 """
 
 from __future__ import annotations
@@ -33,11 +35,22 @@ from pserver.rows import RowTable
 Block = tuple[str, int]
 
 
+@dataclass(frozen=True)
+class RowChange:
+    """One step's estimated change of distinct rows of a table, and each row's shard."""
+
+    table: str
+    ids: np.ndarray
+    change: np.ndarray
+    shards: np.ndarray
+
+
 @dataclass
 class _Push:
     step: int
     task_id: str
     blocks: dict[Block, tuple[np.ndarray, int]] = field(default_factory=dict)  # block -> change, shard
+    rows: list[RowChange] = field(default_factory=list)
 
 
 class OwnPushes:
@@ -47,9 +60,11 @@ class OwnPushes:
     def __init__(self, rule: UpdateRule, trainer_id: str, shards: int, limit: int = 256) -> None:
         self.rule = rule
         self.trainer_id = trainer_id
+        self.shards = shards
         self.limit = limit  # pushes kept at most: shards that stop publishing must not grow it
         self._pushes: list[_Push] = []
         self._building: dict[Block, tuple[np.ndarray, int]] = {}
+        self._building_rows: list[RowChange] = []
         # shard -> newest own step its values include; every shard, so that a pull that read
         # only some of them never counts a push as published by the others
         self._published: dict[int, int] = {shard: -1 for shard in range(shards)}
@@ -73,17 +88,21 @@ class OwnPushes:
         self._building[block] = (change if before is None else before[0] + change, shard)
         return change
 
+    def rows(self, change: RowChange) -> None:
+        """A step's estimated change of rows (`OwnRows.step`), part of the push being made."""
+        self._building_rows.append(change)
+
     def pushed(self, step: int, task_id: str) -> None:
         """The push being made went out as `step` of `task_id`."""
-        self._pushes.append(_Push(step, task_id, self._building))
-        self._building = {}
+        self._pushes.append(_Push(step, task_id, self._building, self._building_rows))
+        self._building, self._building_rows = {}, []
         if len(self._pushes) > self.limit:
             del self._pushes[0]
 
     def forget(self, task_id: str) -> None:
         """The pushes of an attempt given up: the shards may never apply them."""
         self._pushes = [p for p in self._pushes if p.task_id != task_id]
-        self._building = {}
+        self._building, self._building_rows = {}, []
 
     # -- a pull ----------------------------------------------------------------------------
     def published(self, applied: dict[int, dict[str, int]]) -> None:
@@ -114,6 +133,26 @@ class OwnPushes:
                     base = out.get(block)
                     out[block] = change.copy() if base is None else base + change
         return out
+
+    def add_rows(self, table: str, ids: np.ndarray, values: np.ndarray, applied: dict[int, dict[str, int]]
+                 ) -> np.ndarray:
+        """`values`, the rows of `table` a pull read with `applied` for sorted distinct `ids`,
+        with what the pushes they miss change (in place; returned)."""
+        for push in self._pushes:
+            if not push.rows:
+                continue
+            pending = np.array([self._pending(push, shard, applied) for shard in range(self.shards)])
+            if not pending.any():
+                continue
+            for step in push.rows:
+                if step.table != table:
+                    continue
+                at = np.searchsorted(ids, step.ids)
+                hit = at < len(ids)
+                hit[hit] = ids[at[hit]] == step.ids[hit]
+                hit &= pending[step.shards]
+                values[at[hit]] += step.change[hit]
+        return values
 
     @property
     def pending(self) -> int:

@@ -177,12 +177,13 @@ class ParamSync:
             self.layout.load(found)
 
     def load(self, fetched: Fetched, own: OwnPushes) -> dict[str, np.ndarray]:
-        """Dense blocks into the model (when fetched), each with what `own` pushes not yet
-        published change; returns the rows as pulled."""
+        """Dense blocks into the model (when fetched); returns the rows. Both with what
+        `own` pushes not yet published change."""
         own.published(fetched.applied)
         if fetched.blocks is not None:
             self.layout.load(own.add_blocks(fetched.blocks, fetched.applied))
-        return fetched.rows
+        return {table: own.add_rows(table, fetched.ids, values, fetched.applied)
+                for table, values in fetched.rows.items()}
 
     def _retrying(self, pull):
         deadline = time.monotonic() + self.wait_s

@@ -45,7 +45,7 @@ from trainer.feed import Chunk, TaskFeed
 from trainer.loader import BadRecord, Loaded, LoaderSpec, RecordLoader
 from trainer.metrics import TaskMetrics
 from trainer.models import ModelSpec
-from trainer.own import OwnPushes, OwnRows
+from trainer.own import OwnPushes, OwnRows, RowChange
 from trainer.params import DenseLayout, GradientBuffer, ParamSync, RowLayout
 from trainer.reader import RangeReadError
 from trainer.replica import RowReplica
@@ -181,7 +181,10 @@ class Trainer:
         # published yet are added to every pull, estimated with the job's own update rule.
         rule = make_rule(config.pservers.optimizer, lr=config.train.learning_rate)
         self.own = OwnPushes(rule, self.trainer_id, self.shards)
-        self.own_rows = OwnRows(rule, self.rows.width) if config.train.push_every > 1 else None
+        # Rows are estimated when a step may train before the shards publish an earlier one:
+        # within a push group, and after pushes a trainer may leave in flight.
+        self.own_rows = OwnRows(rule, self.rows.width) if config.train.push_every > 1 or (
+            config.train.sgd == "async" and config.train.max_in_flight > 0) else None
         # A step's dense change is estimated only if a later step may train before the shards
         # publish it: not when every step is pulled after this trainer's pushes are published
         # (async with `max_in_flight` 0, or sync), where the estimate was 6% of the trainer's
@@ -372,8 +375,8 @@ class Trainer:
         The rows of all its mini-batches and (every `train.pull_every` mini-batches) the dense
         blocks are pulled when it begins, in one Redis transaction, after the wait for this
         trainer's pushes in flight: it trains on parameters that miss at most
-        `train.max_in_flight` of its own pushes (none by default; their dense changes are
-        added, trainer/own.py) and what the others have not published. Within the group each
+        `train.max_in_flight` of its own pushes (none by default; their estimated changes
+        are added, trainer/own.py) and what the others have not published. Within the group each
         step's estimated changes (`OwnRows`, `OwnPushes.block`) are added before the next step,
         which trains as if the shards had applied it; the shards then apply the group's steps
         in order. Rows are not pulled a step ahead: rows missing one more own push cost a deep
@@ -405,6 +408,7 @@ class Trainer:
                 change = self.own_rows.step(unique, grads)  # every step: the state must see all
                 if at is not None:
                     values[at] += change
+                self.own.rows(RowChange(layout.name, unique, change, owners if at is None else owners[at]))
         self._push(sum(batch.size for batch in batches))
 
     def _train_step(self, batch: Batch, unique: np.ndarray, inverse: np.ndarray, values: np.ndarray,

@@ -14,7 +14,7 @@ import torch
 from pserver.optimizers import make_rule
 from trainer.committer import Committer, Ended
 from trainer.delivery import DeliveryError
-from trainer.own import OwnPushes, OwnRows
+from trainer.own import OwnPushes, OwnRows, RowChange
 from trainer.steps import InFlight
 
 ME = "t0"
@@ -45,6 +45,23 @@ def test_a_pull_gets_the_dense_changes_of_the_own_pushes_its_shards_had_not_publ
     assert out[("fc", 1)].tolist() == [-0.5, -0.5]  # never published, never pulled: from zero
     # Nothing published: both pushes are missing from block 0.
     assert own.add_blocks({}, {0: {}, 1: {}})[("fc", 0)].tolist() == [-1.0, -1.0]
+
+
+def test_a_pull_gets_the_row_changes_of_the_own_pushes_their_shard_had_not_published() -> None:
+    own = pushes()
+    change = np.array([[1.0], [2.0], [4.0]], dtype=np.float32)
+    # Step 0 changed ids 3 (shard 0), 5 and 9 (shard 1); step 1 changed id 3 again.
+    own.rows(RowChange("emb", np.array([3, 5, 9], dtype=np.uint64), change, np.array([0, 1, 1])))
+    own.pushed(0, "task")
+    own.rows(RowChange("emb", np.array([3], dtype=np.uint64), change[:1] * 10, np.array([0])))
+    own.pushed(1, "task")
+    ids = np.array([1, 3, 9], dtype=np.uint64)  # the pull's rows: 5 not among them, 1 never pushed
+    # Shard 0 has published step 0, shard 1 nothing of ours.
+    out = own.add_rows("emb", ids, np.zeros((3, 1), np.float32), {0: {ME: 0}, 1: {}})
+    assert out[:, 0].tolist() == [0.0, 10.0, 4.0]
+    assert own.add_rows("other", ids, np.zeros((3, 1), np.float32), {0: {}, 1: {}}).sum() == 0
+    own.published({0: {ME: 1}, 1: {ME: 1}})
+    assert own.add_rows("emb", ids, np.zeros((3, 1), np.float32), {0: {ME: 1}, 1: {ME: 1}}).sum() == 0
 
 
 def test_pushes_every_shard_published_are_dropped_and_a_restart_goes_on_after_them() -> None:
