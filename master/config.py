@@ -41,7 +41,7 @@ _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _REF = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*", re.ASCII)
 _URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S.*")
 _CSV_NAME = re.compile(r"[^\s:]+")
-_CSV_KINDS = ("label", "dense", "sparse", "time")
+_CSV_KINDS = ("label", "dense", "sparse", "time", "ignore")
 # TOML integers are signed 64-bit; JSON's are not, and from_json must accept exactly what TOML can.
 _I64_MAX = 2**63 - 1
 _JSON_VERSION = 1
@@ -207,7 +207,8 @@ class CsvColumn:
     Attributes:
         name: the feature name (1..255 bytes of UTF-8, no whitespace or ':').
         kind: ``label`` (the target), ``dense`` (one float), ``sparse`` (ids of a sparse
-            feature), or ``time`` (the event time in ms).
+            feature), ``time`` (the event time in ms), or ``ignore`` (a column the model must
+            not see, such as a record id or a value known only later: never read).
     """
 
     name: str

@@ -100,6 +100,12 @@ def file_cmd(
     key: Annotated[Optional[str], typer.Option(
         "--key", help="Column whose value becomes the record key (default: no key).", show_default=False)] = None,
     partitions: PartitionsOpt = 1,
+    header: Annotated[bool, typer.Option(
+        "--header/--no-header", help="CSV: whether the first line names the columns. Without a header every "
+        "line is a row, its columns named by --columns or f0, f1, ...")] = True,
+    columns: Annotated[Optional[str], typer.Option(
+        "--columns", help="CSV: the column names, comma-separated, in file order; with --header they replace "
+        "the header's.", show_default=False)] = None,
 ) -> None:
     """Replay a file onto a topic, one record per row, streaming in batches."""
     from infra import Endpoints
@@ -109,7 +115,8 @@ def file_cmd(
     from producers.sink import KafkaSink
 
     try:
-        config = ReplayConfig(path, topic, format=fmt, rate=rate, loop=loop, value=value, key_column=key)
+        config = ReplayConfig(path, topic, format=fmt, rate=rate, loop=loop, value=value, key_column=key,
+                              header=header, columns=None if columns is None else tuple(columns.split(",")))
     except ValueError as exc:
         raise _fail(str(exc), 2) from exc
     endpoints = Endpoints.resolve()

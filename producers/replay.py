@@ -40,6 +40,8 @@ class ReplayConfig:
     value: str = "json"  # json | csv (csv input only)
     key_column: str | None = None  # a column whose text becomes the record key
     batch_rows: int = 10_000
+    header: bool = True  # csv: the first line names the columns (and is not a row)
+    columns: tuple[str, ...] | None = None  # csv: the column names, instead of the header's
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", Path(self.path))
@@ -54,6 +56,12 @@ class ReplayConfig:
             raise ValueError(f"value 'csv' needs a CSV file, {self.path} is {fmt}")
         if self.batch_rows < 1:
             raise ValueError(f"batch_rows must be >= 1, got {self.batch_rows}")
+        if fmt != "csv" and (not self.header or self.columns is not None):
+            raise ValueError(f"a header and column names apply to CSV files only, {self.path} is {fmt}")
+        if self.columns is not None:
+            object.__setattr__(self, "columns", tuple(self.columns))
+            if not self.columns or len(set(self.columns)) != len(self.columns) or not all(self.columns):
+                raise ValueError(f"columns must be distinct non-empty names, got {list(self.columns)}")
 
 
 @dataclass
@@ -130,10 +138,12 @@ def _batches(cfg: ReplayConfig) -> Iterator[pa.RecordBatch]:
 def _csv_batches(cfg: ReplayConfig) -> Iterator[pa.RecordBatch]:
     import pyarrow.csv as pc
 
-    read = pc.ReadOptions(block_size=1 << 20)
+    # Without a header every line is a row: named by `columns`, or f0, f1, ... by pyarrow.
+    read = pc.ReadOptions(block_size=1 << 20, column_names=cfg.columns, skip_rows=int(cfg.header and bool(cfg.columns)),
+                          autogenerate_column_names=not cfg.header and not cfg.columns)
     convert = None
     if cfg.value == "csv":
-        # Peek at the header, then read every column as text so lines go out as written.
+        # Peek at the names, then read every column as text so lines go out as written.
         names = pc.open_csv(cfg.path, read_options=read).schema.names
         convert = pc.ConvertOptions(column_types={n: pa.string() for n in names})
     yield from pc.open_csv(cfg.path, read_options=read, convert_options=convert)

@@ -274,7 +274,9 @@ class _CsvFast:
         self.time = next((j for j, c in enumerate(columns) if c.kind == "time"), None)
         self.usable = len(self.dense) == dense_features  # else every record is refused, one by one
         self._read = pv.ReadOptions(column_names=self.names, use_threads=False)
+        # `ignore` columns are split but never converted.
         self._convert = pv.ConvertOptions(column_types={n: pa.string() for n in self.names},
+                                          include_columns=[n for n, c in zip(self.names, columns) if c.kind != "ignore"],
                                           strings_can_be_null=False, quoted_strings_can_be_null=False)
 
     def parse(self, values: Sequence[bytes | None]) -> tuple[Columns, np.ndarray, list[int]]:
@@ -321,7 +323,8 @@ class _CsvFast:
             at = at[keep]
         n = len(at)
         ok = np.ones(n, dtype=bool)
-        cells = [table.column(name) for name in self.names]
+        cells = [table.column(name) if column.kind != "ignore" else None
+                 for name, column in zip(self.names, self.columns)]
         dense = np.stack([self._numbers(cells[j], ok, float) for j in self.dense], axis=1) if self.dense \
             else np.zeros((n, 0))
         labels = self._numbers(cells[self.label], ok, float)
@@ -489,6 +492,8 @@ class CsvDecoder:
         dense: list[float] = []
         label, ts = None, 0
         for column, cell in zip(self.columns, cells):
+            if column.kind == "ignore":
+                continue
             cell = cell.strip()
             try:
                 if column.kind == "label":

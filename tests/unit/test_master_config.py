@@ -373,7 +373,7 @@ BAD_CSV = [
     (["y:label", "a:b:dense"], "input.csv_columns[1]", "'name:kind' string"),
     (["y:label", ":dense"], "input.csv_columns[1]", "column name"),
     (["y:label", "my price:dense"], "input.csv_columns[1]", "column name"),
-    (["y:label", "price:float"], "input.csv_columns[1]", "kind must be one of label, dense, sparse, time, got 'float'"),
+    (["y:label", "price:float"], "input.csv_columns[1]", "kind must be one of label, dense, sparse, time, ignore, got 'float'"),
     (["y:label", "x:dense", "x:sparse"], "input.csv_columns[2]", "listed twice (also input.csv_columns[1])"),
     (["x:dense"], "input.csv_columns", "exactly one 'label' column, got 0"),
     (["y:label", "z:label", "x:dense"], "input.csv_columns", "exactly one 'label' column, got 2"),

@@ -28,6 +28,32 @@ def test_csv_can_be_replayed_as_csv_lines_as_written(tmp_path):
     assert [v for _, v in _rows(path, value="csv")] == [b'007,0.50,"a, b"', b"2,1e3,plain"]
 
 
+def test_a_headerless_csv_keeps_its_first_line_as_a_row(tmp_path):
+    path = tmp_path / "log.csv"
+    path.write_text('1,0.5,"a, b"\n0,2.5,plain\n')
+    assert [v for _, v in _rows(path, value="csv", header=False)] == [b'1,0.5,"a, b"', b"0,2.5,plain"]
+    assert [json.loads(v) for _, v in _rows(path, header=False)][0] == {"f0": 1, "f1": 0.5, "f2": "a, b"}
+    named = _rows(path, header=False, columns=("y", "price", "note"), key_column="note")
+    assert named[1] == ("plain", b'{"y":0,"price":2.5,"note":"plain"}')
+
+
+def test_declared_column_names_replace_a_files_header(tmp_path):
+    path = tmp_path / "log.csv"
+    path.write_text("a,b\n1,2\n")
+    assert [json.loads(v) for _, v in _rows(path, columns=("y", "x"))] == [{"y": 1, "x": 2}]
+
+
+@pytest.mark.parametrize("kw, reason", [
+    ({"header": False}, "CSV files only"),
+    ({"columns": ("a", "a")}, "distinct"),
+])
+def test_header_options_are_checked(tmp_path, kw, reason):
+    path = tmp_path / ("log.jsonl" if "header" in kw else "log.csv")
+    path.write_text("{}\n")
+    with pytest.raises(ValueError, match=reason):
+        ReplayConfig(path, "t", **kw)
+
+
 def test_parquet_streams_in_batches_and_keys_come_from_a_column(tmp_path):
     path = tmp_path / "log.parquet"
     table = pa.table({"user": [f"u{i}" for i in range(25)], "x": [float(i) for i in range(25)]})

@@ -264,9 +264,9 @@ def test_a_whole_json_chunk_is_decoded_by_columns(monkeypatch) -> None:
     assert decoded.columns.dense[3].tolist() == [0.5, -3.0] and decoded.columns.event_time_ms[-1] == 299
 
 
-def assert_chunk_decodes_as_one_by_one(section, fields: tuple[str, ...], values: list) -> None:
+def assert_chunk_decodes_as_one_by_one(section, fields: tuple[str, ...], values: list, dense: int = 2) -> None:
     """The same records accepted, into the same columns, and the same refused for the same reasons."""
-    decoder, one = ChunkDecoder(section, fields, 2), make_decoder(section)
+    decoder, one = ChunkDecoder(section, fields, dense), make_decoder(section)
     accepted, reasons = [], {}
     for i, value in enumerate(values):
         try:
@@ -275,7 +275,7 @@ def assert_chunk_decodes_as_one_by_one(section, fields: tuple[str, ...], values:
             reasons[i] = str(exc)
     decoded = decoder.decode(values)
     assert dict(decoded.bad) == reasons
-    want = Columns.gather(accepted, fields, 2)
+    want = Columns.gather(accepted, fields, dense)
     for (ids, counts), (want_ids, want_counts) in zip(decoded.columns.sparse, want.sparse):
         np.testing.assert_array_equal(ids, want_ids)
         np.testing.assert_array_equal(counts, want_counts)
@@ -314,6 +314,26 @@ def test_a_clean_csv_chunk_is_decoded_without_the_one_record_decoder(monkeypatch
     assert len(decoded.columns) == 300 and not decoded.bad
     assert decoded.columns.sparse[1][0][:3].tolist() == [0, 7, 14]
     assert decoded.columns.dense[3].tolist() == [0.5, -3.25] and decoded.columns.event_time_ms[-1] == 1299
+
+
+def test_ignored_csv_columns_are_never_read_whatever_they_hold() -> None:
+    section = config(format='"csv"', csv_columns='["id:ignore", "y:label", "user:sparse", "leak:ignore", '
+                                                 '"price:dense"]').input
+    example = make_decoder(section)(b'r-17,1,42,"x, y",2.5')
+    assert example == Example({"user": (42,)}, (2.5,), 1.0, 0)
+    lines = [b"r-1,0,5,,0.5", b'r-2,1,6,"not, a number",1.5\n', b"r-3,1,7,9e999,2.5", b"r-4,1,8,NaN,3.5"]
+    decoded = ChunkDecoder(section, ("user",), 1).decode(lines)
+    assert not decoded.bad and decoded.columns.labels.tolist() == [0, 1, 1, 1]
+    assert_chunk_decodes_as_one_by_one(section, ("user",), lines, dense=1)
+
+
+def test_quoted_csv_fields_may_hold_commas_and_decode_in_a_chunk_as_one_by_one() -> None:
+    section = config(format='"csv"', csv_columns='["y:label", "user:sparse", "city:sparse", "price:dense"]').input
+    example = make_decoder(section)(b'1,"42|43","New York, NY","2.5"')
+    assert example.sparse["user"] == (42, 43) and example.dense == (2.5,)
+    assert example.sparse["city"] == make_decoder(section)(b'1,1,"New York, NY",0').sparse["city"]
+    lines = [b'1,"42|43","New York, NY","2.5"', b"0,7,Paris,1.5", b'1,8,"Rome",-1']
+    assert_chunk_decodes_as_one_by_one(section, ("user", "city"), lines, dense=1)
 
 
 def test_every_process_builds_the_same_initial_dense_values_without_touching_the_global_rng() -> None:
