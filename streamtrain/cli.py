@@ -412,6 +412,58 @@ def rollback_cmd(
     print(to)
 
 
+@job_app.command("check")
+def job_check_cmd(
+    job: Annotated[Path, typer.Option("--job", help="Job file (TOML).")],
+    sample: Annotated[int, typer.Option("--sample", min=1, help="Records to read: the newest of each input "
+                                        "topic, shared out over its partitions.")] = 1000,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Decode a sample of the job's input as its trainers would and show what comes out, so a
+    job file can be fixed before training: fields found, ids per record, label rate, bad
+    records with their reasons."""
+    from master.offsets import InputOffsets, InputUnavailableError
+    from trainer.check import check_records, sample_ranges
+    from trainer.reader import RangeReader
+
+    config = _load_config(job)
+    endpoints = Endpoints.resolve()
+    offsets, records = InputOffsets(endpoints), []
+    reader = RangeReader(endpoints, f"{config.name}.check", stall_s=10.0)
+    try:
+        for topic in config.input.topics:
+            ranges = sample_ranges(offsets.bounds(offsets.partitions([topic])), sample)
+            for (t, p), (start, end) in ranges.items():
+                records += [(f"{t}:{p}@{m.offset()}", m.value()) for m in reader.read(t, p, start, end)]
+    except InputUnavailableError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    finally:
+        reader.close()
+    report = check_records(config, records)
+    if as_json:
+        print(json.dumps(report.as_dict(), indent=2))
+        return
+    share = f"{report.good / report.records:.1%}" if report.records else "-"
+    console.print(f"records {report.records}  good {report.good} ({share})  bad {len(report.bad)}")
+    if report.label_rate is not None:
+        console.print(f"label rate {report.label_rate:.4f}  event time {report.event_time_ms[0]} .. "
+                      f"{report.event_time_ms[1]} ms")
+    table = Table("sparse field", "model reads it", "present", "ids a record", "distinct ids")
+    for f in report.fields:
+        present = "-" if f.present != f.present else f"{f.present:.1%}"
+        ids = "-" if f.ids_per_record != f.ids_per_record else f"{f.ids_per_record:.2f}"
+        table.add_row(f.name, "yes" if f.used else "[yellow]no[/yellow]", present, ids,
+                      str(f.distinct_ids) if f.used else "-")
+    console.print(table)
+    console.print(f"dense features {report.dense_features}: mean "
+                  + (", ".join(f"{x:.4g}" for x in report.dense_mean) or "-"))
+    for where, reason in report.bad[:10]:
+        console.print(f"[red]bad[/red] {where}: {reason}")
+    if len(report.bad) > 10:
+        console.print(f"... and {len(report.bad) - 10} more bad records")
+
+
 @job_app.command("run")
 def job_run_cmd(
     job: Annotated[Path, typer.Option("--job", help="Job file (TOML).")],
