@@ -317,7 +317,8 @@ class ModelSection:
     Attributes:
         factory: ``"module.path:callable"`` returning the torch module; imported by trainers only.
         embedding_dim: width of each sparse feature's embedding rows.
-        hash_buckets: sparse ids are hashed into this many rows per feature.
+        hash_buckets: sparse ids, salted by their field name, are hashed into one range of this
+            many rows shared by all fields.
         batch_size: examples per mini-batch.
         sparse_fields: the examples' sparse fields the model reads, in model order.
         dense_features: how many dense features each example carries.
@@ -375,8 +376,8 @@ class TrainSection:
             for the shards otherwise, never for other trainers. 0 (the default): each
             mini-batch trains on parameters that include every push of its trainer, exactly,
             and the others' published ones. Above 0 a trainer runs
-            ahead of a slow pipeline and adds its pushes' estimated dense changes
-            (trainer/own.py); its rows miss them. Unbounded, two trainers were up to 10
+            ahead of a slow pipeline and adds its pushes' estimated changes to the dense
+            blocks and rows it pulls (trainer/own.py). Unbounded, two trainers were up to 10
             pushes apart and 0.01 AUC behind one process (bench/RESULTS.md). Must be 0 when
             sync or bounded, which wait their own way.
         learning_rate: the optimizer's step size, applied by the pservers.

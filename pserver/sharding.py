@@ -2,7 +2,8 @@
 
 A sparse row `(table, id)` or a dense block `(param, block)` hashes to one of S slots (S fixed
 per job, 128…1024, `pservers.slots`); the slot map assigns slots to shards. Changing the
-number of shards means moving slots, never rehashing parameters. The hash is splitmix64 over
+number of shards would mean moving slots, never rehashing parameters (resizing is not built:
+the slot map is written once per job). The hash is splitmix64 over
 the id salted with a digest of the table name: stable across processes, Python versions and
 machines (Python's own `hash` is salted per process), and vectorised over id arrays.
 """

@@ -6,7 +6,7 @@ So it is taken at a quiet moment:
 1. `control/pause`: trainers finish the task in hand and claim no other. Once no task is
    pending, every gradient of every finished task is committed.
 2. A new id goes to `control/checkpoint`; each shard consumes its gradient topic up to the
-   stable end, checkpoints under that id and registers `checkpoints/<id>/<index>`.
+   log end (deltas are produced without transactions), checkpoints under that id and registers `checkpoints/<id>/<index>`.
 3. The job's side, `checkpoints/<id>/job`: the cursors, task queues and job state, read at one
    etcd revision. Then `checkpoints/latest`, and the pause is lifted.
 

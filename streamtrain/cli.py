@@ -225,8 +225,9 @@ def pserver_cmd(
 def trainer_cmd(
     job: JobOpt,
     trainer_id: Annotated[Optional[str], typer.Option(
-        "--id", help="Trainer id: its membership key and Kafka transactional.id (default host-pid). "
-        "A restarted trainer with the same id fences its predecessor's open transaction.",
+        "--id", help="Trainer id: its membership key and, under exactly-once, the suffix of its side "
+        "outputs' Kafka transactional.id (default host-pid). A restarted trainer with the same id fences "
+        "its predecessor's open transaction.",
         show_default=False)] = None,
     max_tasks: Annotated[Optional[int], typer.Option("--max-tasks", help="Stop after this many tasks.",
                                                      show_default=False)] = None,
