@@ -19,6 +19,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from master.json_fields import JsonFields, JsonFieldsError, parse_json_fields
+
 __all__ = [
     "CsvColumn",
     "InputSection",
@@ -248,6 +250,9 @@ class InputSection:
         topics: the Kafka topics to read (required, non-empty, no duplicates).
         format: record decoding: ``json``, ``binary``, ``csv`` or a ``"module:callable"``.
         csv_columns: the CSV columns in file order; non-empty exactly when format is ``csv``.
+        json_fields: with format ``json``, the paths of a log's own JSON documents the model
+            trains on (``[input.json_fields]``, master/json_fields.py); None: the records are
+            streamtrain's Example documents.
         passes: 0 = online input, follow the live stream forever; N >= 1 = bounded input, the
             end offsets are snapshotted at job start and that data is trained N times.
         start_from: ``earliest`` or ``latest``: where a partition's cursor starts when the
@@ -257,6 +262,7 @@ class InputSection:
     topics: tuple[str, ...]
     format: str = "json"
     csv_columns: tuple[CsvColumn, ...] = ()
+    json_fields: JsonFields | None = None
     passes: int = 0
     start_from: str = "earliest"
 
@@ -264,6 +270,13 @@ class InputSection:
         _fix(self, topics=_topics("input.topics", self.topics))
         fmt = _choice("input.format", self.format, ("json", "binary", "csv"), ref=True)
         _fix(self, csv_columns=_csv_columns("input.csv_columns", self.csv_columns, fmt))
+        if self.json_fields is not None:
+            if fmt != "json":
+                raise JobConfigError("input.json_fields", f"only applies when input.format = 'json' (it is {fmt!r})")
+            try:
+                _fix(self, json_fields=parse_json_fields("input.json_fields", self.json_fields))
+            except JsonFieldsError as exc:
+                raise JobConfigError(exc.key, exc.reason) from None
         passes = _int("input.passes", self.passes, 0)
         start_from = _choice("input.start_from", self.start_from, ("earliest", "latest"))
         # Bounded input is "the records up to the end offsets snapshotted at start": starting
@@ -577,7 +590,7 @@ class JobConfig:
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """The resolved config as plain data: ``{section: {key: value}}`` with lists, not tuples.
 
-        Every key is present (defaults filled in); feeding it back as TOML or JSON gives an
+        Every key is present (defaults filled in) but an optional table not given; feeding it back as TOML or JSON gives an
         equal config.
         """
         return {name: _section_dict(getattr(self, name)) for name in _SECTIONS}
@@ -620,7 +633,12 @@ def _section_dict(section: object) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in fields(section):  # type: ignore[arg-type]
         value = getattr(section, f.name)
-        out[f.name] = [str(item) for item in value] if isinstance(value, tuple) else value
+        if value is None:  # an optional table not given (input.json_fields): JSON has no "unset"
+            continue
+        if isinstance(value, JsonFields):
+            out[f.name] = value.to_dict()
+        else:
+            out[f.name] = [str(item) for item in value] if isinstance(value, tuple) else value
     return out
 
 

@@ -34,6 +34,7 @@ import pyarrow.json as pj
 
 from master.config import CsvColumn, InputSection
 from schemas import Example, SchemaError
+from trainer.declared import DeclaredJson, DeclaredJsonFast, object_lines
 from trainer.features import Columns
 
 Decoder = Callable[[bytes], Example]
@@ -60,13 +61,19 @@ class ChunkDecoder:
         self.fields = tuple(fields)
         self.dense_features = dense_features
         self._one = make_decoder(section)
-        self._fast = _JsonFast() if section.format == "json" else None
-        self._arrow = _JsonArrow(self.fields, dense_features) if section.format == "json" else None
+        example_json = section.format == "json" and section.json_fields is None
+        self._fast = _JsonFast() if example_json else None
+        self._arrow = _JsonArrow(self.fields, dense_features) if example_json else None
         self._csv = _CsvFast(section.csv_columns, self.fields, dense_features) if section.format == "csv" else None
+        self._declared = DeclaredJsonFast(section.json_fields, self.fields, dense_features, stable_id) \
+            if section.json_fields is not None else None
 
     def decode(self, values: Sequence[bytes | None]) -> Decoded:
         if self._csv is not None:
-            return self._decode_csv(values)
+            return self._merge(values, *self._csv.parse(values))
+        if self._declared is not None:
+            parsed = self._declared.parse(values)
+            return self._merge(values, *parsed) if parsed is not None else Decoded(*self._one_by_one(values))
         if self._arrow is not None:
             columns = self._arrow.parse(values)
             if columns is not None:
@@ -90,8 +97,8 @@ class ChunkDecoder:
             return Decoded(*self._one_by_one(values))
         return Decoded(columns, bad)
 
-    def _decode_csv(self, values: Sequence[bytes | None]) -> Decoded:
-        fast, at, slow = self._csv.parse(values)
+    def _merge(self, values: Sequence[bytes | None], fast: Columns, at: np.ndarray, slow: list[int]) -> Decoded:
+        """The records a fast path decoded, with the others decoded one by one."""
         good, good_at, bad = [], [], []
         for i in slow:
             try:
@@ -217,11 +224,8 @@ class _JsonArrow:
 
     def parse(self, values: Sequence[bytes | None]) -> Columns | None:
         n = len(values)
-        try:
-            joined = b"\n".join(values)
-        except TypeError:  # a record without a value
-            return None
-        if not n or joined.count(b"\n") != n - 1 or b"\r" in joined:
+        joined = object_lines(values)
+        if joined is None:
             return None
         try:
             table = pj.read_json(pa.py_buffer(joined), read_options=self._read, parse_options=self._parse)
@@ -421,6 +425,8 @@ def _empty_columns(fields: int, dense_features: int) -> Columns:
 
 
 def make_decoder(section: InputSection) -> Decoder:
+    if section.format == "json" and section.json_fields is not None:
+        return _guarded(DeclaredJson(section.json_fields, DecodeError, stable_id))
     if section.format == "json":
         return _guarded(Example.from_json)
     if section.format == "binary":

@@ -87,9 +87,12 @@ def use_torch_threads(config: JobConfig) -> None:
 
 
 def model_spec(config: JobConfig) -> ModelSpec:
+    declared = config.input.json_fields
     fields = config.model.sparse_fields or tuple(
-        c.name for c in config.input.csv_columns if c.kind == "sparse")
-    dense = config.model.dense_features or sum(1 for c in config.input.csv_columns if c.kind == "dense")
+        c.name for c in config.input.csv_columns if c.kind == "sparse") or (
+        tuple(name for name, _ in declared.sparse) if declared else ())
+    dense = config.model.dense_features or sum(1 for c in config.input.csv_columns if c.kind == "dense") or (
+        len(declared.dense) if declared else 0)
     return ModelSpec(fields, dense, config.model.embedding_dim)
 
 

@@ -316,6 +316,14 @@ def test_a_clean_csv_chunk_is_decoded_without_the_one_record_decoder(monkeypatch
     assert decoded.columns.dense[3].tolist() == [0.5, -3.25] and decoded.columns.event_time_ms[-1] == 1299
 
 
+@pytest.mark.parametrize("first", [b"null", b"1", b"[]", b'"s"', b" {}"])
+def test_a_json_chunk_that_starts_with_a_record_not_an_object_is_decoded_not_a_crash(first) -> None:
+    """pyarrow 26's JSON reader kills the process on a block whose first record is `null`."""
+    good = EXAMPLE.to_json()
+    decoded = ChunkDecoder(config().input, ("user", "ad"), 2).decode([first, good, good])
+    assert [i for i, _ in decoded.bad] == [0] and len(decoded.columns) == 2
+
+
 def test_ignored_csv_columns_are_never_read_whatever_they_hold() -> None:
     section = config(format='"csv"', csv_columns='["id:ignore", "y:label", "user:sparse", "leak:ignore", '
                                                  '"price:dense"]').input

@@ -1,0 +1,104 @@
+"""Records a second each input format decodes into a job's columns, on one core.
+
+    python -m bench.decoding [--records 200000] [--chunk 4096]
+
+The production workload of `bench.e2e` (8 fields, Zipf ids, 4 dense features, a label, an event
+time), the same records written four ways: streamtrain's Example JSON; CSV lines; a log's own
+nested JSON read through `input.json_fields` (ids as numbers); the same with the ids and the
+event time as strings (ids hashed, ISO-8601 times). Each is decoded by the trainers' own
+`ChunkDecoder`, a chunk at a time as a loader does; every format must give the same columns as
+Example JSON (ids aside where strings are hashed). Prints one JSON report: per format, records/s
+and µs a record (the best of --rounds rounds, CPU time of this process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import time
+
+import numpy as np
+
+from bench.e2e import Workload
+from master.config import JobConfig
+from trainer.decoders import ChunkDecoder
+
+
+def declared_records(w: Workload, strings: bool) -> tuple[list[bytes], str]:
+    """The records as a service might log them, and the job's [input.json_fields] for them."""
+    c, fields = w.train, w.model.fields
+    origin = w.model.config.origin_ms
+    out = []
+    ids = {f: c.ids[f].tolist() for f in fields}
+    dense, clicked, index = c.dense.astype(np.float64).tolist(), c.clicked.tolist(), c.index.tolist()
+    for k in range(len(index)):
+        ms = index[k] + origin
+        when = (dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).isoformat(timespec="milliseconds")
+                if strings else ms)
+        doc = {"event": {f: (f"{f}-{ids[f][k]}" if strings else ids[f][k]) for f in fields},
+               "features": {f"d{j}": x for j, x in enumerate(dense[k])},
+               "clicked": bool(clicked[k]), "ts": when}
+        out.append(json.dumps(doc, separators=(",", ":")).encode())
+    sparse = ", ".join(f'{f} = "event.{f}"' for f in fields)
+    dense_paths = ", ".join(f'"features.d{j}"' for j in range(w.model.dense_features))
+    section = f'[input.json_fields]\nsparse = {{ {sparse} }}\ndense = [{dense_paths}]\nlabel = "clicked"\ntime = "ts"'
+    return out, section
+
+
+def job(input_lines: str) -> JobConfig:
+    return JobConfig.from_toml(f'[job]\nname = "bench"\n[input]\ntopics = ["t"]\n{input_lines}')
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--chunk", type=int, default=4096)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    started = time.perf_counter()
+    w = Workload.make(args.records, 0)
+    fields, dense = tuple(w.model.fields), w.model.dense_features
+    csv_columns = ", ".join(f'"{c}"' for c in w.csv_columns())
+    numbers, numbers_section = declared_records(w, strings=False)
+    strings, strings_section = declared_records(w, strings=True)
+    formats = {
+        "example_json": (w.json_records(), job("")),
+        "csv": (w.csv_lines(), job(f'format = "csv"\ncsv_columns = [{csv_columns}]')),
+        "declared_json": (numbers, job(numbers_section)),
+        "declared_json_strings": (strings, job(strings_section)),
+    }
+    setup_s = time.perf_counter() - started
+
+    report: dict[str, dict[str, float]] = {}
+    reference = None
+    for name, (records, config) in formats.items():
+        decoder = ChunkDecoder(config.input, fields, dense)
+        chunks = [records[i:i + args.chunk] for i in range(0, len(records), args.chunk)]
+        best = float("inf")
+        for _ in range(args.rounds):
+            began = time.process_time()
+            decoded = [decoder.decode(chunk) for chunk in chunks]
+            best = min(best, time.process_time() - began)
+        bad = sum(len(d.bad) for d in decoded)
+        labels = np.concatenate([d.columns.labels for d in decoded])
+        if reference is None:
+            reference = labels
+        if bad or not np.array_equal(labels, reference):
+            raise SystemExit(f"{name}: {bad} bad records, or labels unlike Example JSON's")
+        report[name] = {"records_per_s": round(len(records) / best), "us_per_record": round(best / len(records) * 1e6, 2)}
+
+    print(json.dumps({
+        "command": f"python -m bench.decoding --records {args.records} --chunk {args.chunk} --rounds {args.rounds}",
+        "records": args.records, "chunk": args.chunk, "formats": report,
+        "setup_s": round(setup_s, 1), "total_s": round(time.perf_counter() - started, 1),
+        "machine": {"cpus": os.cpu_count(), "loadavg_1m": round(os.getloadavg()[0], 2),
+                    "python": platform.python_version()},
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,295 @@
+"""A log's own JSON documents, decoded by the paths the job declares (`input.json_fields`,
+master/json_fields.py, which says what each path may hold).
+
+`DeclaredJson` decodes one record and is the reference: what it accepts and the reasons it
+gives are the verdicts. `DeclaredJsonFast` reads a chunk with pyarrow's JSON reader, in C,
+and converts the declared columns vectorised; strings become ids once per distinct string. A
+chunk pyarrow cannot read as one table (a value whose type changes between records, a record
+that is not an object) and every record a vectorised check refuses go to `DeclaredJson`, so
+the fast path decides speed, never acceptance (a hypothesis test holds the two equal).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pj
+
+from master.json_fields import JsonFields, LabelRule
+from schemas import Example
+from trainer.features import Columns
+
+_MISSING = object()
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_MS = dt.timedelta(milliseconds=1)
+_COMPARE = {">": np.greater, ">=": np.greater_equal, "<": np.less, "<=": np.less_equal, "==": np.equal,
+            "!=": np.not_equal}
+
+
+class DeclaredJson:
+    """One record into an Example. Raises DecodeError (trainer.decoders) naming the path."""
+
+    def __init__(self, fields: JsonFields, error: type[Exception], stable_id) -> None:
+        self.fields = fields
+        self._error = error
+        self._stable_id = stable_id
+        self._defaults = dict(fields.defaults)
+
+    def __call__(self, value: bytes) -> Example:
+        try:
+            doc = msgspec.json.decode(value)
+        except msgspec.DecodeError as exc:
+            raise self._error(f"json: {exc}") from exc
+        if not isinstance(doc, dict):
+            raise self._error(f"json: a record must be an object, got {type(doc).__name__}")
+        f = self.fields
+        sparse = {name: self._ids(path, self._get(doc, path)) for name, path in f.sparse}
+        dense = tuple(self._number(path, self._required(doc, path, "dense")) for path in f.dense)
+        label = self._label(f.label, self._required(doc, f.label.path, "label"))
+        ts = 0 if f.time is None else self._time(f.time, self._required(doc, f.time, "time"))
+        return Example({k: v for k, v in sparse.items() if v}, dense, label, ts)
+
+    def _get(self, doc: dict, path: str) -> object:
+        node: object = doc
+        walked = []
+        for key in path.split("."):
+            if node is None:
+                break
+            if not isinstance(node, dict):
+                raise self._error(f"json field {path!r}: {'.'.join(walked)!r} is {_show(node)}, not an object")
+            node = node.get(key)
+            walked.append(key)
+        return self._defaults.get(path, _MISSING) if node is None else node
+
+    def _required(self, doc: dict, path: str, what: str) -> object:
+        value = self._get(doc, path)
+        if value is _MISSING:
+            raise self._error(f"json field {path!r} ({what}): missing, and no default")
+        return value
+
+    def _ids(self, path: str, value: object) -> tuple[int, ...]:
+        if value is _MISSING:
+            return ()
+        items = value if isinstance(value, list) else (value,)
+        out = []
+        for item in items:
+            if isinstance(item, str):
+                out.append(self._stable_id(item))
+            elif isinstance(item, int) and not isinstance(item, bool) and 0 <= item < 2**64:
+                out.append(item)
+            else:
+                raise self._error(f"json field {path!r} (sparse): {_show(item)} is not an id "
+                                  f"(an integer 0..2^64-1 or a string)")
+        return tuple(out)
+
+    def _number(self, path: str, value: object) -> float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise self._error(f"json field {path!r} (dense): {_show(value)} is not a number")
+
+    def _label(self, rule: LabelRule, value: object) -> float:
+        if rule.op is None and isinstance(value, bool):
+            return float(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if rule.op is None:
+                return float(value)
+            return float(bool(_COMPARE[rule.op](float(value), rule.threshold)))
+        wanted = "a number" if rule.op else "true, false or a number"
+        raise self._error(f"json field {rule.path!r} (label): {_show(value)} is not {wanted}")
+
+    def _time(self, path: str, value: object) -> int:
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+        if isinstance(value, str):
+            ms = iso_ms(value)
+            if ms is not None:
+                return ms
+        raise self._error(f"json field {path!r} (time): {_show(value)} is neither epoch milliseconds (>= 0) "
+                          f"nor an ISO-8601 time")
+
+
+def iso_ms(text: str) -> int | None:
+    """Milliseconds since the epoch of an ISO-8601 time (UTC unless it names an offset), or None."""
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    ms = (when - _EPOCH) // _MS
+    return ms if ms >= 0 else None
+
+
+def object_lines(values: Sequence[bytes | None]) -> bytes | None:
+    """The records joined by line breaks, for pyarrow's JSON reader, if every one is a single
+    line that starts with '{'; else None. pyarrow 26's reader crashes the process on a block
+    whose first record is `null`, and reads other top-level values unlike a JSON parser."""
+    try:
+        joined = b"\n".join(values)
+    except TypeError:  # a record without a value
+        return None
+    if not values or joined.count(b"\n") != len(values) - 1 or b"\r" in joined:
+        return None  # a line break inside a record: lines would not be records
+    if not all(value[:1] == b"{" for value in values):
+        return None
+    return joined
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+class DeclaredJsonFast:
+    """A chunk of records into the job's columns in C where they have the usual shape."""
+
+    def __init__(self, fields: JsonFields, model_fields: Sequence[str], dense_features: int, stable_id) -> None:
+        self.fields = fields
+        self.model_fields = tuple(model_fields)
+        self.usable = len(fields.dense) == dense_features  # else every record is refused, one by one
+        self._stable_id = stable_id
+        self._defaults = dict(fields.defaults)
+        self._read = pj.ReadOptions(use_threads=False, block_size=1 << 30)
+
+    def parse(self, values: Sequence[bytes | None]) -> tuple[Columns, np.ndarray, list[int]] | None:
+        """(columns of the records decoded here, their positions, positions for DeclaredJson),
+        or None: the whole chunk goes one by one."""
+        joined = object_lines(values) if self.usable else None
+        if joined is None:
+            return None
+        try:
+            table = pj.read_json(pa.py_buffer(joined), read_options=self._read)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None
+        if table.num_rows != len(values):
+            return None
+        n = len(values)
+        ok = np.ones(n, dtype=bool)
+        by_path = {}
+        declared = dict(self.fields.sparse)
+        for name, path in self.fields.sparse:
+            by_path[name] = self._ids(_column(table, path, n), path, ok)
+        dense = np.stack([self._numbers(_column(table, p, n), p, ok) for p in self.fields.dense], axis=1) \
+            if self.fields.dense else np.zeros((n, 0))
+        labels = self._label(_column(table, self.fields.label.path, n), ok)
+        times = self._times(_column(table, self.fields.time, n), ok) if self.fields.time else np.zeros(n, np.int64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            dense32 = dense.astype(np.float32)
+            ok &= np.isfinite(dense32).all(axis=1) & np.isfinite(dense).all(axis=1)
+            ok &= (labels >= 0.0) & (labels <= 1.0)
+        empty = (np.zeros(0, dtype=np.uint64), np.zeros(n, dtype=np.int64))
+        sparse = [by_path[f] if f in declared else empty for f in self.model_fields]
+        if not ok.all():
+            sparse = [(ids[np.repeat(ok, counts)], counts[ok]) for ids, counts in sparse]
+            dense32, labels, times = dense32[ok], labels[ok], times[ok]
+        at = np.flatnonzero(ok)
+        slow = np.flatnonzero(~ok).tolist()
+        return Columns(tuple(sparse), dense32, labels.astype(np.float32), times.astype(np.int64)), at, slow
+
+    # Each converter returns one value per record and clears `ok` where it cannot decide.
+    def _nulls(self, col: pa.Array, path: str, ok: np.ndarray, required: bool) -> np.ndarray:
+        nulls = col.is_null().to_numpy(zero_copy_only=False)
+        if nulls.any() and (required or path in self._defaults):
+            ok &= ~nulls  # missing: a default or an error, both one by one
+        return nulls
+
+    def _ids(self, col: pa.Array, path: str, ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        n = len(col)
+        nulls = self._nulls(col, path, ok, required=False)
+        kind = col.type
+        if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            counts = pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+            flat = pc.list_flatten(col)
+            ids, good = self._scalar_ids(flat)
+            owner = np.repeat(np.arange(n), counts)
+            ok[owner[~good]] = False
+            return ids, counts
+        counts = (~nulls).astype(np.int64)
+        present = col.filter(pc.invert(col.is_null())) if nulls.any() else col
+        ids, good = self._scalar_ids(present)
+        ok[np.flatnonzero(~nulls)[~good]] = False
+        return ids, counts
+
+    def _scalar_ids(self, col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, which are good) of a column of scalars, none null where it matters."""
+        kind, n = col.type, len(col)
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            encoded = pc.dictionary_encode(col).combine_chunks() if isinstance(col, pa.ChunkedArray) \
+                else pc.dictionary_encode(col)
+            table = np.array([self._stable_id(s) for s in encoded.dictionary.to_pylist()], dtype=np.uint64)
+            indices = encoded.indices.to_numpy(zero_copy_only=False)
+            good = ~encoded.indices.is_null().to_numpy(zero_copy_only=False)
+            return table[np.where(good, indices, 0)] if len(table) else np.zeros(n, np.uint64), good
+        if pa.types.is_integer(kind):
+            values = col.to_numpy(zero_copy_only=False)
+            if col.null_count:
+                return np.zeros(n, np.uint64), np.zeros(n, dtype=bool)
+            good = values >= 0
+            return values.astype(np.uint64), good
+        if pa.types.is_null(kind):
+            return np.zeros(n, np.uint64), np.zeros(n, dtype=bool)
+        return np.zeros(n, np.uint64), np.zeros(n, dtype=bool)  # floats, booleans, objects: one by one
+
+    def _numbers(self, col: pa.Array, path: str, ok: np.ndarray) -> np.ndarray:
+        nulls = self._nulls(col, path, ok, required=True)
+        if pa.types.is_integer(col.type) or pa.types.is_floating(col.type):
+            return pc.fill_null(pc.cast(col, pa.float64(), safe=False), 0.0).to_numpy(zero_copy_only=False)
+        ok &= nulls  # any other type is refused, one by one
+        return np.zeros(len(col))
+
+    def _label(self, col: pa.Array, ok: np.ndarray) -> np.ndarray:
+        rule = self.fields.label
+        self._nulls(col, rule.path, ok, required=True)
+        kind = col.type
+        if pa.types.is_boolean(kind) and rule.op is None:
+            return pc.fill_null(pc.cast(col, pa.float64(), safe=False), 0.0).to_numpy(zero_copy_only=False)
+        if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+            values = pc.fill_null(pc.cast(col, pa.float64(), safe=False), 0.0).to_numpy(zero_copy_only=False)
+            return values if rule.op is None else _COMPARE[rule.op](values, rule.threshold).astype(np.float64)
+        ok[:] = False
+        return np.zeros(len(col))
+
+    def _times(self, col: pa.Array, ok: np.ndarray) -> np.ndarray:
+        self._nulls(col, self.fields.time, ok, required=True)
+        kind = col.type
+        if pa.types.is_integer(kind):
+            values = pc.fill_null(col, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+            ok &= values >= 0
+            return values
+        if pa.types.is_timestamp(kind):  # the reader's own reading of ISO-8601 strings
+            values = pc.fill_null(pc.cast(pc.cast(col, pa.timestamp("ms", kind.tz)), pa.int64()), -1)
+            values = values.to_numpy(zero_copy_only=False)
+            ok &= values >= 0
+            return values
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            encoded = pc.dictionary_encode(col)
+            parsed = [iso_ms(s) for s in encoded.dictionary.to_pylist()]
+            table = np.array([-1 if ms is None else ms for ms in parsed], dtype=np.int64)
+            indices = pc.fill_null(encoded.indices, 0).to_numpy(zero_copy_only=False)
+            values = table[indices] if len(table) else np.zeros(len(col), np.int64)
+            ok &= values >= 0
+            return values
+        ok[:] = False
+        return np.zeros(len(col), np.int64)
+
+
+def _column(table: pa.Table, path: str, n: int) -> pa.Array:
+    """The values at `path` (null where a record lacks it); all null when no record has it. A
+    parent that is not an object in some record makes the reader fail first (its type
+    changes), so every parent here is a struct or absent."""
+    first, *rest = path.split(".")
+    if first not in table.column_names:
+        return pa.nulls(n)
+    col = table.column(first).combine_chunks()
+    for key in rest:
+        if pa.types.is_null(col.type) or (pa.types.is_struct(col.type) and col.type.get_field_index(key) < 0):
+            return pa.nulls(n)
+        if not pa.types.is_struct(col.type):  # a scalar where an object should be: one by one
+            return pa.array([{"": 0}] * n)
+        col = pc.struct_field(col, key)
+    return col
