@@ -590,8 +590,8 @@ class JobConfig:
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """The resolved config as plain data: ``{section: {key: value}}`` with lists, not tuples.
 
-        Every key is present (defaults filled in) but an optional table not given; feeding it back as TOML or JSON gives an
-        equal config.
+        Every key is present (defaults filled in) but an optional table not given; feeding it
+        back as TOML or JSON gives an equal config.
         """
         return {name: _section_dict(getattr(self, name)) for name in _SECTIONS}
 

@@ -87,6 +87,8 @@ def _toml(value: object) -> str:
         return f'"{value}"'
     if isinstance(value, list):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table
+        return "{ " + ", ".join(f"{_toml(str(k))} = {_toml(v)}" for k, v in value.items()) + " }"
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
