@@ -87,6 +87,18 @@ class CheckpointStore:
         for old in complete[: max(0, len(complete) - self.keep)]:
             self.fs.delete_dir(f"{self.root}/{old}")
 
+    def retire_after(self, checkpoint_id: str) -> list[str]:
+        """Delete every checkpoint newer than `checkpoint_id`, complete or not: after a rollback
+        to it they hold a timeline the job abandoned, and a restart must never load one."""
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
+        except OSError as exc:
+            raise CheckpointError(f"cannot list {self.root}: {exc}") from exc
+        newer = sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory and i.base_name > checkpoint_id)
+        for old in newer:
+            self.fs.delete_dir(f"{self.root}/{old}")
+        return newer
+
     # -- reading -------------------------------------------------------------------------
     def complete_ids(self) -> list[str]:
         """Ids of the checkpoints with a manifest, oldest first."""

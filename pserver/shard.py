@@ -598,7 +598,13 @@ class PserverShard:
     def _roll_back(self, request: bytes) -> None:
         """Load checkpoint `to` and skip the gradients committed since (the tasks they came
         from are requeued by the master and trained again), then republish: rows this shard
-        created after the checkpoint are deleted from Redis, the rest overwritten."""
+        created after the checkpoint are deleted from Redis, the rest overwritten.
+
+        Durable before acknowledged: the checkpoints newer than `to` are retired, and the
+        rolled-back state is checkpointed at the offset the skipping starts from, so a restart
+        loads it rather than the abandoned timeline, and does not replay the abandoned deltas
+        either. A shard that dies before acknowledging rolls back again when it is back (the
+        trainers stay paused until every shard has acknowledged, so the log end is the same)."""
         doc = json.loads(request)
         if doc.get("phase") != "shards":
             return
@@ -615,7 +621,9 @@ class PserverShard:
         self._fold = None  # watermarks read before the rollback would drop the replayed tasks
         self.next_offset = end
         self.consumer.assign([TopicPartition(self.grad_topic, 0, end)])
-        self.checkpoint_id = to
+        retired = self.store.retire_after(to)
+        self.checkpoint()
+        log.info("shard %d: retired %d checkpoints newer than %s", self.index, len(retired), to)
         self.etcd.put(ack, json.dumps({"shard": self.index, "grad_offset": end, "at": time.time()}).encode())
         log.warning("shard %d: rolled back to checkpoint %s; gradients before offset %d skipped",
                     self.index, to, end)

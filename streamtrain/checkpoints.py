@@ -12,8 +12,9 @@ So it is taken at a quiet moment:
 
 Rollback to such a checkpoint pauses the same way, then `control/rollback` goes through two
 phases: the master puts cursors and queues back as recorded ("master"), then every shard
-loads its checkpoint, skips the gradients committed since and republishes ("shards", each
-acknowledging at `checkpoints/<id>/rolled/<index>`). The tasks trained after the checkpoint
+loads its checkpoint, skips the gradients committed since, republishes, retires its newer
+checkpoints and checkpoints the rolled-back state ("shards", each then acknowledging at
+`checkpoints/<id>/rolled/<index>`), so that a restart stays on the rolled-back timeline. The tasks trained after the checkpoint
 are in todo again, and the dedup ledgers in the shards' checkpoints do not know them, so they
 are trained and applied once more: exactly what came after the checkpoint is replayed.
 """

@@ -6,13 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import wait_for
+from conftest import StreamtrainProcess, wait_for
 from master.etcd import Etcd
+from master.service import Master
+from pserver.shard import PserverShard, ShardOptions
 from pserver.sharding import SlotMap
 from schemas import EtcdKeys
 from streamtrain.checkpoints import request_checkpoint, rollback
-from test_trainer import HOLDOUT, MODEL, Background, applied_exactly, make_job, run_job, write_examples
+from test_trainer import HOLDOUT, MODEL, Background, applied_exactly, make_job, run_job, shard_stats, write_examples
 from trainer.scoring import Scorer
+from trainer.worker import Trainer
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -49,3 +52,50 @@ def test_rollback_restores_parameters_and_replays_what_came_after(services, redi
     finally:
         background.close()
         coord.close()
+
+
+def test_a_shard_restarted_after_a_rollback_stays_on_the_rolled_back_timeline(services, redis_conn, topic_factory,
+                                                                             unique, tmp_path) -> None:
+    """Issue 16: a shard restarted after a rollback, before any checkpoint of its own, loaded the
+    newest checkpoint, from the abandoned timeline, or replayed the abandoned deltas after the
+    rollback's target; the redone tasks' deltas were then dropped as duplicates (the counts still
+    add up, the parameters are wrong). So: every redone group must be applied, none dropped."""
+    topic = topic_factory("rbkill", partitions=2)
+    config = make_job(unique("rbkill"), topic, tmp_path, passes=0, max_records=1000)
+    first = write_examples(services, topic, [e.to_json() for e in MODEL.examples(4_000)], 2)
+    coord, background = Etcd.connect(services), Background()
+    shard = None
+    try:
+        background.start(lambda stop: Master(Etcd.connect(services), services, config).run(stop))
+        wait_for(lambda: coord.get(EtcdKeys(config.name).slots) is not None, 30, "the slot map")
+        shard = shard_process(services, config.name, tmp_path, 0)
+        background.start(lambda stop: PserverShard(services, ShardOptions(config.name, 1, lease_ttl_s=2)).run(stop))
+        background.start(lambda stop: Trainer(services, config.name, "t0", lease_ttl_s=2).run(stop))
+        wait_for(lambda: applied_exactly(redis_conn, config.name, first, topic), 120, "the first 4,000")
+        target = request_checkpoint(coord, config.name)
+        more = write_examples(services, topic, [e.to_json() for e in MODEL.examples(3_000, start=4_000)], 2)
+        both = {p: first[p] + more[p] for p in first}
+        wait_for(lambda: applied_exactly(redis_conn, config.name, both, topic), 120, "all 7,000")
+        request_checkpoint(coord, config.name)  # a checkpoint of the timeline the rollback abandons
+
+        rollback(coord, config.name, target.id, resume=False)
+        shard.kill()  # SIGKILL before it checkpoints again
+        shard.wait()
+        shard = shard_process(services, config.name, tmp_path, 1)
+        wait_for(lambda: shard_stats(redis_conn, config.name)[0].get("serving"), 60, "the restarted shard serving")
+        assert applied_exactly(redis_conn, config.name, first, topic)  # the target's counts, not the abandoned ones
+
+        coord.delete_prefix(EtcdKeys(config.name).control("pause"))
+        wait_for(lambda: applied_exactly(redis_conn, config.name, both, topic), 120,
+                 "the 3,000 after the target trained again")
+        assert [s["dropped"] for s in shard_stats(redis_conn, config.name)] == [0, 0]
+    finally:
+        if shard is not None:
+            shard.kill()
+        background.close()
+        coord.close()
+
+
+def shard_process(services, job: str, log_dir, n: int) -> StreamtrainProcess:
+    return StreamtrainProcess(services, ["pserver", "--job", job, "--index", "0", "--lease-ttl-s", "2"],
+                              f"{job}-shard0-{n}", log_dir)

@@ -68,6 +68,14 @@ def test_only_the_newest_k_are_kept(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "shard-1").iterdir()) == ids[2:]
 
 
+def test_checkpoints_newer_than_a_rollback_target_are_retired_complete_or_not(tmp_path: Path) -> None:
+    s = store(tmp_path, keep=5)
+    ids = [s.save(trained(1), {"g": i}, {}, ()).checkpoint_id for i in range(3)]
+    (tmp_path / "shard-1" / f"{int(ids[-1]) + 1:020d}").mkdir()  # one being written when a shard died
+    assert s.retire_after(ids[0]) == [ids[1], ids[2], f"{int(ids[-1]) + 1:020d}"]
+    assert s.complete_ids() == ids[:1] and s.load_latest(Adam(lr=0.01)).manifest.checkpoint_id == ids[0]
+
+
 def test_nothing_to_load_is_none_and_a_changed_optimizer_is_refused(tmp_path: Path) -> None:
     s = store(tmp_path)
     assert s.load_latest(Adam(lr=0.01)) is None
