@@ -54,12 +54,26 @@ class Child:
         return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
 
 
+def restart_backoff(previous_s: float, ran_s: float, returncode: int, *, min_s: float, max_s: float,
+                    healthy_after_s: float) -> float:
+    """How long to wait before restarting a child that exited with `returncode` after `ran_s`.
+
+    Backing off is for a child that fails by itself, again and again, soon after it starts (a
+    bad config, a service it cannot reach): its wait doubles up to `max_s`. A child killed by a
+    signal (the OOM killer, an operator, a chaos test) did not fail, and one that ran at least
+    `healthy_after_s` was not crash-looping: both restart after `min_s`, so a job under
+    repeated kills recovers in seconds rather than waiting out a backoff grown to `max_s`."""
+    if returncode < 0 or ran_s >= healthy_after_s or not previous_s:
+        return min_s
+    return min(previous_s * 2, max_s)
+
+
 class Supervisor:
     """Starts children as `python -m streamtrain ARGS`, with `env` added to this process's
     environment and stdout/stderr appended to `<log_dir>/<name>.log`."""
 
     def __init__(self, env: Mapping[str, str], log_dir: Path, *, min_backoff_s: float = 1.0,
-                 max_backoff_s: float = 30.0, healthy_after_s: float = 60.0,
+                 max_backoff_s: float = 30.0, healthy_after_s: float = 10.0,
                  grace_s: float = 15.0) -> None:
         self.env = {**os.environ, **env}
         self.log_dir = log_dir
@@ -106,9 +120,8 @@ class Supervisor:
             if child.state == "running" and child.proc is not None and child.proc.poll() is not None:
                 child.last_exit = child.proc.returncode
                 ran = now - child.started_at
-                # A child that ran a good while before failing starts over with the short backoff.
-                child.backoff_s = (self.min_backoff_s if ran >= self.healthy_after_s or not child.backoff_s
-                                   else min(child.backoff_s * 2, self.max_backoff_s))
+                child.backoff_s = restart_backoff(child.backoff_s, ran, child.last_exit, min_s=self.min_backoff_s,
+                                                  max_s=self.max_backoff_s, healthy_after_s=self.healthy_after_s)
                 child.restart_at = now + child.backoff_s
                 child.state = "restarting"
                 events.append(f"{child.name} exited with {child.last_exit} after {ran:.0f} s; "

@@ -1,0 +1,23 @@
+"""The supervisor's restart policy (streamtrain/supervisor.py `restart_backoff`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamtrain.supervisor import restart_backoff
+
+POLICY = {"min_s": 1.0, "max_s": 30.0, "healthy_after_s": 10.0}
+
+
+def test_a_child_failing_by_itself_soon_after_starting_waits_longer_each_time() -> None:
+    waits, wait = [], 0.0
+    for _ in range(7):
+        wait = restart_backoff(wait, 2.0, 1, **POLICY)
+        waits.append(wait)
+    assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+
+
+@pytest.mark.parametrize("ran_s, returncode", [(0.5, -9), (3.0, -15), (10.0, 1), (600.0, 2)])
+def test_a_child_killed_by_a_signal_or_that_ran_a_while_restarts_at_once(ran_s, returncode) -> None:
+    """Under repeated kills (a chaos test, the OOM killer) the wait never grows to the cap."""
+    assert restart_backoff(30.0, ran_s, returncode, **POLICY) == 1.0
