@@ -14,6 +14,11 @@ go over a socket pair, pickled (`multiprocessing.connection` framing); a full so
 back-pressure that keeps the child at most a chunk or two ahead of the trainer's queue. The
 child exits when the trainer closes the loader or its socket reaches end of file, which is
 also what a SIGKILLed trainer leaves it.
+
+A child that dies (killed, out of memory) is started again and the range goes on from the
+record after the last chunk handed over; mini-batches are cut from the records, not the chunks,
+so the task trains as it would have. A child that dies again before handing over another chunk
+(a record that crashes the decoder, say) is a `LoaderError`.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ class Loaded:
 
     block: Batch | None  # None when no record of the chunk decoded
     bad: list[BadRecord]
+    resume: int  # the offset after the chunk's last record: where the range goes on
 
 
 @dataclass(frozen=True)
@@ -75,19 +81,37 @@ class LoaderError(RuntimeError):
     """The loader's child process died or failed in a way no task retry can fix."""
 
 
+class _ChildGone(LoaderError):
+    """The child process is gone (its socket closed)."""
+
+
 class RecordLoader:
     """The trainer's side: one child process, one range read at a time."""
 
     def __init__(self, spec: LoaderSpec) -> None:
+        self._spec = spec
+        self._request = 0
+        self.restarts = 0
+        self._start()
+
+    def _start(self) -> None:
         ours, theirs = socket.socketpair()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # user decoders
         self._proc = subprocess.Popen([sys.executable, "-m", "trainer.loader", str(theirs.fileno())],
                                       pass_fds=[theirs.fileno()], env=env)
         theirs.close()
         self._conn = Connection(ours.detach())
-        self._conn.send(spec)
+        self._conn.send(self._spec)
         self._ready = False
-        self._request = 0
+
+    def _restart(self, reason: Exception) -> None:
+        log.warning("record loader (pid %d) died (%s); starting another", self._proc.pid, reason)
+        self._conn.close()
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
+        self.restarts += 1
+        self._start()
 
     @property
     def pid(self) -> int:
@@ -108,12 +132,29 @@ class RecordLoader:
 
     def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[Loaded]:
         """The chunks of `[start, end)`. Closing the iterator early tells the child to stop
-        reading that range.
+        reading that range. A child that dies is replaced and the range goes on after the
+        last chunk yielded.
 
         Raises:
             RangeReadError: the range could not be read (the task is retried elsewhere).
-            LoaderError: the child died, or failed other than on a bad record.
+            LoaderError: the child died twice at the same place, or failed other than on a
+                bad record.
         """
+        at = [start]  # where the range goes on: after the last chunk yielded
+        died_at = None
+        while True:
+            try:
+                yield from self._read(topic, partition, at, end)
+                return
+            except _ChildGone as exc:
+                if died_at == at[0]:
+                    raise LoaderError(f"the record loader died twice reading {topic}:{partition} from "
+                                      f"offset {at[0]}: {exc}") from exc
+                died_at = at[0]
+                self._restart(exc)
+
+    def _read(self, topic: str, partition: int, at: list[int], end: int) -> Iterator[Loaded]:
+        start = at[0]
         self._request += 1
         request = self._request
         self.wait_ready()
@@ -123,6 +164,7 @@ class RecordLoader:
             while True:
                 kind, body = self._recv()
                 if kind == "chunk":
+                    at[0] = body.resume
                     yield body
                 elif kind == "end":
                     done = True
@@ -145,14 +187,14 @@ class RecordLoader:
         try:
             self._conn.send(message)
         except OSError as exc:
-            raise LoaderError(f"the record loader (pid {self._proc.pid}) is gone: {exc}") from exc
+            raise _ChildGone(f"the record loader (pid {self._proc.pid}) is gone: {exc}") from exc
 
     def _recv(self) -> tuple[str, object]:
         try:
             return self._conn.recv()
         except (EOFError, OSError) as exc:
-            raise LoaderError(f"the record loader (pid {self._proc.pid}) died "
-                              f"(exit code {self._proc.poll()})") from exc
+            raise _ChildGone(f"the record loader (pid {self._proc.pid}) died "
+                             f"(exit code {self._proc.poll()})") from exc
 
     def close(self) -> None:
         try:
@@ -194,7 +236,8 @@ def _decoded(decoder: ChunkDecoder, featurizer: Featurizer, msgs: list) -> Loade
     decoded = decoder.decode([m.value() for m in msgs])
     bad = [BadRecord(msgs[i].topic(), msgs[i].partition(), msgs[i].offset(), msgs[i].value() or b"", reason)
            for i, reason in decoded.bad]
-    return Loaded(featurizer.featurize(decoded.columns) if len(decoded.columns) else None, bad)
+    return Loaded(featurizer.featurize(decoded.columns) if len(decoded.columns) else None, bad,
+                  msgs[-1].offset() + 1)
 
 
 def _serve(conn: Connection) -> None:

@@ -96,14 +96,45 @@ def test_a_decoder_that_does_not_import_is_said_at_start(services, topic_factory
         loader.close()
 
 
-def test_a_dead_loader_is_an_error_not_a_hang(services, topic_factory) -> None:
+def test_a_loader_killed_midway_is_replaced_and_the_range_goes_on_after_its_last_chunk(services, topic_factory) -> None:
     topic = topic_factory("loader")
-    write_in_transactions(services, topic, [e.to_json() for e in MODEL.examples(10)], per_txn=10)
-    loader = RecordLoader(spec(services, topic, 100))
+    write_in_transactions(services, topic, [e.to_json() for e in MODEL.examples(3000)], per_txn=1000)
+    end = offsets_of(services, topic)[-1] + 1
+    loader = RecordLoader(spec(services, topic, chunk_records=100))
     try:
-        loader.wait_ready()
+        whole = np.concatenate([c.block.ids for c in loader.read(topic, 0, 0, end)])
+        read = loader.read(topic, 0, 0, end)
+        chunks = [next(read), next(read)]
         os.kill(loader.pid, signal.SIGKILL)
-        with pytest.raises(LoaderError, match="died|gone"):
-            list(loader.read(topic, 0, 0, 11))
+        chunks += list(read)
+        assert loader.restarts == 1
+        assert np.array_equal(np.concatenate([c.block.ids for c in chunks]), whole)  # each record once
+        os.kill(loader.pid, signal.SIGKILL)  # between ranges: the next read starts another
+        assert sum(len(c.block.labels) for c in loader.read(topic, 0, 0, end)) == 3000
+    finally:
+        loader.close()
+
+
+def test_a_loader_that_dies_again_at_the_same_record_is_an_error_not_a_loop(services, topic_factory, tmp_path,
+                                                                           monkeypatch) -> None:
+    (tmp_path / "deadly.py").write_text(
+        "import os, signal\n"
+        "from schemas import Example\n"
+        "def decode(value):\n"
+        "    if value == b'boom':\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return Example.from_json(value)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    topic = topic_factory("loader")
+    values = [e.to_json() for e in MODEL.examples(300)]
+    values[150] = b"boom"
+    write_in_transactions(services, topic, values, per_txn=300)
+    loader = RecordLoader(spec(services, topic, 100, fmt="deadly:decode"))
+    try:
+        chunks = []
+        with pytest.raises(LoaderError, match="died twice reading"):
+            for chunk in loader.read(topic, 0, 0, 301):
+                chunks.append(chunk)
+        assert len(chunks) == 1 and loader.restarts == 1
     finally:
         loader.close()
