@@ -7,7 +7,7 @@ design.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -140,6 +140,18 @@ def fold(cursor: PartitionCursor, resolved: Iterable[TaskRecord],
         folded.append(task)
         trained = task.end
     return (replace(cursor, trained=trained) if folded else cursor), folded
+
+
+def why_requeue(task: TaskRecord, gone: Collection[str], timed_out: bool, timeout_s: float) -> str | None:
+    """Why a pending task must go back to todo now, or None. A trainer that was a member and
+    left (its membership lease ended: it died, or stopped without releasing) gives its tasks
+    back at once; any other waits for the task timeout, which also covers trainers the master
+    never saw (a master that just started, a client without membership)."""
+    if task.trainer_id is not None and task.trainer_id in gone:
+        return f"trainer {task.trainer_id} left (its membership lease ended)"
+    if timed_out:
+        return f"timed out after {timeout_s:g} s on trainer {task.trainer_id}"
+    return None
 
 
 def retry_or_fail(task: TaskRecord, max_attempts: int, reason: str) -> tuple[str, TaskRecord]:

@@ -61,6 +61,9 @@ class Master:
         self._partitions: list[Partition] = []
         self._partitions_at = float("-inf")
         self._members: dict[str, set[str]] = {"trainers": set(), "ps": set()}
+        # Trainers seen as members that left, and when: their tasks go back at once. Kept for
+        # a task timeout; after it, the timeout requeues whatever they held anyway.
+        self._gone: dict[str, float] = {}
         self._ignored: set[Partition] = set()
         self._compact_mark: tuple[float, int] | None = None
         self.metrics = MasterMetrics.for_job(config.name)
@@ -246,16 +249,14 @@ class Master:
             alive.add(entry.key)
             seen = self._observed.get(entry.key)
             if seen is None or seen.mod_revision != entry.mod_revision:
-                self._observed[entry.key] = _Observed(entry.mod_revision, now + timeout)
-                continue
-            if now < seen.deadline:
+                seen = self._observed[entry.key] = _Observed(entry.mod_revision, now + timeout)
+            if now < seen.deadline and not self._gone:
                 continue
             task = self._parse(entry)
-            if task is None:
+            reason = None if task is None else plan.why_requeue(task, self._gone, now >= seen.deadline, timeout)
+            if reason is None:
                 continue
-            state, retried = plan.retry_or_fail(
-                task, self.config.tasks.max_attempts,
-                f"timed out after {timeout:g} s on trainer {task.trainer_id}")
+            state, retried = plan.retry_or_fail(task, self.config.tasks.max_attempts, reason)
             applied = self._write_nested(
                 [mod_revision_is(entry.key, entry.mod_revision)],
                 [delete_op(entry.key), put_op(self.keys.task(state, task.task_id), retried.to_json())])
@@ -364,6 +365,11 @@ class Master:
             log.info("%s %s joined", kind, joined)
         for left in sorted(self._members[kind] - now):
             log.info("%s %s left", kind, left)
+        if kind == "trainers":
+            at = self.clock()
+            self._gone.update(dict.fromkeys(self._members[kind] - now, at))
+            self._gone = {t: left for t, left in self._gone.items()
+                          if t not in now and at - left < self.config.tasks.timeout_s}
         self._members[kind] = now
         self.metrics.members(kind, len(now))
 

@@ -94,6 +94,26 @@ class TaskClient:
     def _claim_ops(self, entry: Entry, held: ClaimedTask) -> list:
         return [delete_op(entry.key), put_op(self.keys.task("pending", held.task_id), held.value)]
 
+    def requeue_predecessors(self) -> list[str]:
+        """Put back the tasks still pending under this trainer's id, as attempts that ended:
+        called before the first claim, they are a predecessor's (a process of the same id that
+        died holding them), whose membership key this one took over, so neither its lease nor
+        anything but the task timeout would free them. Returns their ids."""
+        requeued = []
+        for entry in self._etcd.range(self.keys.tasks("pending")):
+            try:
+                task = TaskRecord.from_json(entry.value)
+            except SchemaError:
+                continue  # the master moves unreadable records out of the way
+            if task.trainer_id != self.trainer_id:
+                continue
+            state, back = plan.retry_or_fail(task, self.max_attempts, f"trainer {self.trainer_id} restarted")
+            ok, _ = self._etcd.txn([mod_revision_is(entry.key, entry.mod_revision)],
+                                   [delete_op(entry.key), put_op(self.keys.task(state, task.task_id), back.to_json())])
+            if ok:
+                requeued.append(task.task_id)
+        return requeued
+
     def heartbeat(self, task: ClaimedTask) -> ClaimedTask:
         """Restart the task's timeout. Raises TaskLostError if it is no longer ours."""
         held = replace(task.record, deadline=time.time() + self.timeout_s)

@@ -157,6 +157,9 @@ class Trainer:
         self.topics = Topics(config.name)
         self.lease = register_trainer(self.etcd, config.name, self.trainer_id, self.lease_ttl_s)
         self.tasks = TaskClient.for_job(self.etcd, config.name, self.trainer_id)
+        for task_id in self.tasks.requeue_predecessors():
+            log.warning("trainer %s: task %s was still held under this id by a predecessor; requeued",
+                        self.trainer_id, task_id)
         slots = self.etcd.get(EtcdKeys(config.name).slots)
         if slots is None:
             raise MasterError(f"job {config.name!r} has no slot map in etcd: start its master first")

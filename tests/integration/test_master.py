@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -155,6 +156,51 @@ def test_dead_trainers_task_returns_to_todo_after_timeout_with_attempt_plus_one(
     again = live.claim()
     assert again is not None and again.record.attempt == 1
     live.complete(again)
+    etcd.close()
+
+
+def test_a_trainer_that_leaves_gives_its_task_back_at_once_not_after_the_timeout(
+    services, topic_factory, unique, start_master
+) -> None:
+    """Issue 16: a dead trainer's tasks waited out the task timeout; its membership lease ends
+    far sooner."""
+    topic = topic_factory("left")
+    produce(services, topic, {0: 10})
+    config = job_config(unique("left"), topic, tasks={"max_records": 10, "timeout_s": 60})
+    etcd = Etcd.connect(services)
+    keys = EtcdKeys(config.name)
+    start_master(config)
+    wait_for(lambda: etcd.count(keys.tasks("todo")) == 1, 10, "a task")
+    lease = register_trainer(etcd, config.name, "leaving", ttl_s=1)
+    wait_for(lambda: etcd.get(keys.trainer("leaving")) is not None, 5, "membership")
+    time.sleep(1.0)  # the master sees the member before it leaves
+    task = client(etcd, config, "leaving").claim()
+    assert task is not None
+    lease.revoke()  # what its death does, once the lease's TTL runs out
+    began = time.monotonic()
+    wait_for(lambda: etcd.get(keys.task("todo", task.task_id)) is not None, 10, "the task back")
+    assert time.monotonic() - began < 10
+    requeued = TaskRecord.from_json(etcd.get(keys.task("todo", task.task_id)).value)
+    assert requeued.attempt == 1 and "trainer leaving left" in requeued.reason
+    etcd.close()
+
+
+def test_a_trainer_restarted_under_its_id_requeues_what_its_predecessor_held(
+    services, topic_factory, unique, start_master
+) -> None:
+    topic = topic_factory("again")
+    produce(services, topic, {0: 20})
+    config = job_config(unique("again"), topic, tasks={"max_records": 10, "timeout_s": 60})
+    etcd = Etcd.connect(services)
+    keys = EtcdKeys(config.name)
+    start_master(config)
+    wait_for(lambda: etcd.count(keys.tasks("todo")) == 2, 10, "two tasks")
+    held = client(etcd, config, "trainer-0").claim()
+    other = client(etcd, config, "trainer-1").claim()
+    assert client(etcd, config, "trainer-0").requeue_predecessors() == [held.task_id]
+    back = TaskRecord.from_json(etcd.get(keys.task("todo", held.task_id)).value)
+    assert back.attempt == 1 and "trainer trainer-0 restarted" in back.reason
+    assert etcd.get(keys.task("pending", other.task_id)) is not None  # another trainer's: untouched
     etcd.close()
 
 

@@ -194,3 +194,12 @@ def test_cut_and_fold_cover_every_offset_exactly_once(appends, max_records, budg
     assert all(a[1] == b[0] for a, b in zip(covered, covered[1:]))
     assert (covered[0][0] if covered else 0) == 0 and (covered[-1][1] if covered else 0) == end
     assert all(0 < e - s <= max_records for s, e in covered)
+
+
+def test_a_task_goes_back_at_once_when_its_trainer_left_else_after_its_timeout() -> None:
+    from dataclasses import replace
+
+    task = replace(TaskRecord.for_range("t", 0, 0, 10), trainer_id="t1")
+    assert plan.why_requeue(task, {"t1"}, timed_out=False, timeout_s=30) == "trainer t1 left (its membership lease ended)"
+    assert plan.why_requeue(task, {"t2"}, timed_out=False, timeout_s=30) is None
+    assert plan.why_requeue(task, set(), timed_out=True, timeout_s=30) == "timed out after 30 s on trainer t1"
