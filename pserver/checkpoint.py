@@ -16,6 +16,7 @@ import hashlib
 import io
 import json
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,9 +62,11 @@ class CheckpointStore:
 
     # -- writing -------------------------------------------------------------------------
     def save(self, state: ShardState, grad_offsets: dict[str, int], input_watermarks: dict[str, int],
-             slots: tuple[int, ...], checkpoint_id: str | None = None) -> CheckpointManifest:
+             slots: tuple[int, ...], checkpoint_id: str | None = None, keep_also: Collection[str] = ()
+             ) -> CheckpointManifest:
         """Write a checkpoint; `checkpoint_id` names a job-wide one every shard writes on
-        request (ids must sort by time: the newest complete one is loaded on restart)."""
+        request (ids must sort by time: the newest complete one is loaded on restart). Only
+        the newest `keep` are kept, and those in `keep_also` (the job's rollback target)."""
         checkpoint_id = checkpoint_id or new_checkpoint_id()
         directory = f"{self.root}/{checkpoint_id}"
         self.fs.create_dir(directory, recursive=True)
@@ -74,7 +77,7 @@ class CheckpointStore:
         # The rename is the commit point (atomic on local and HDFS filesystems; object stores
         # have no partial objects, so a missing manifest is the only failure they show).
         self.fs.move(f"{directory}/{MANIFEST}.tmp", f"{directory}/{MANIFEST}")
-        self._prune()
+        self._prune(keep_also)
         return manifest
 
     def _write(self, directory: str, name: str, blob: bytes) -> FileEntry:
@@ -82,10 +85,11 @@ class CheckpointStore:
             out.write(blob)
         return FileEntry(name, len(blob), hashlib.sha256(blob).hexdigest())
 
-    def _prune(self) -> None:
+    def _prune(self, keep_also: Collection[str]) -> None:
         complete = self.complete_ids()
         for old in complete[: max(0, len(complete) - self.keep)]:
-            self.fs.delete_dir(f"{self.root}/{old}")
+            if old not in keep_also:
+                self.fs.delete_dir(f"{self.root}/{old}")
 
     def retire_after(self, checkpoint_id: str) -> list[str]:
         """Delete every checkpoint newer than `checkpoint_id`, complete or not: after a rollback

@@ -546,7 +546,7 @@ class PserverShard:
         resume = self.barrier.applied_below(self.next_offset)
         manifest = self.store.save(self.state, {self.grad_topic: resume},
                                    self.state.dedup.watermarks(), self.slot_map.slots_of(self.index),
-                                   checkpoint_id)
+                                   checkpoint_id, keep_also=self._rollback_target())
         self.checkpoint_id = manifest.checkpoint_id
         self.counters.checkpoints += 1
         self.etcd.put(self.keys.checkpoint_shard(manifest.checkpoint_id, self.index), json.dumps({
@@ -559,6 +559,15 @@ class PserverShard:
         log.info("shard %d: checkpoint %s at offset %d in %.2f s", self.index, manifest.checkpoint_id,
                  resume, time.monotonic() - started)
         return manifest.checkpoint_id
+
+    def _rollback_target(self) -> tuple[str, ...]:
+        """The job's newest quiescent checkpoint (`checkpoints/latest`): periodic checkpoints
+        must not prune what `rollback --to latest` returns to."""
+        entry = self.etcd.get(self.keys.checkpoints_latest)
+        try:
+            return (json.loads(entry.value)["id"],) if entry is not None else ()
+        except (ValueError, KeyError, TypeError):
+            return ()
 
     def _forget_pruned(self) -> None:
         kept = set(self.store.complete_ids())

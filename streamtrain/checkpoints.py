@@ -183,3 +183,5 @@ def rollback(etcd: Etcd, job: str, checkpoint_id: str, wait_s: float = 120.0, re
             time.sleep(0.2)
         etcd.delete_prefix(control)
         etcd.delete_prefix(keys.checkpoint(checkpoint_id) + "rolled/")
+        # The shards retired every checkpoint after the target: it is the newest rollback target.
+        etcd.put(keys.checkpoints_latest, json.dumps({"id": checkpoint_id, "shards": n, "at": time.time()}).encode())

@@ -3,6 +3,8 @@ again, and what came after it is trained once more, exactly once."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -89,6 +91,8 @@ def test_a_shard_restarted_after_a_rollback_stays_on_the_rolled_back_timeline(se
         wait_for(lambda: applied_exactly(redis_conn, config.name, both, topic), 120,
                  "the 3,000 after the target trained again")
         assert [s["dropped"] for s in shard_stats(redis_conn, config.name)] == [0, 0]
+        latest = json.loads(coord.get(EtcdKeys(config.name).checkpoints_latest).value)
+        assert latest["id"] == target.id  # the abandoned checkpoint is no rollback target any more
     finally:
         if shard is not None:
             shard.kill()

@@ -68,6 +68,13 @@ def test_only_the_newest_k_are_kept(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "shard-1").iterdir()) == ids[2:]
 
 
+def test_the_rollback_target_is_kept_however_many_come_after(tmp_path: Path) -> None:
+    s = store(tmp_path, keep=2)
+    target = s.save(trained(1), {"g": 0}, {}, ()).checkpoint_id
+    ids = [s.save(trained(1), {"g": i}, {}, (), keep_also=[target]).checkpoint_id for i in range(1, 5)]
+    assert s.complete_ids() == [target, *ids[-2:]]
+
+
 def test_checkpoints_newer_than_a_rollback_target_are_retired_complete_or_not(tmp_path: Path) -> None:
     s = store(tmp_path, keep=5)
     ids = [s.save(trained(1), {"g": i}, {}, ()).checkpoint_id for i in range(3)]
