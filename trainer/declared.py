@@ -12,6 +12,7 @@ the fast path decides speed, never acceptance (a hypothesis test holds the two e
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Sequence
 
 import msgspec
@@ -89,16 +90,23 @@ class DeclaredJson:
 
     def _number(self, path: str, value: object) -> float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            return self._float(path, "dense", value)
         raise self._error(f"json field {path!r} (dense): {_show(value)} is not a number")
+
+    def _float(self, path: str, what: str, value: int | float) -> float:
+        try:
+            return float(value)
+        except OverflowError:  # an integer literal beyond any double
+            raise self._error(f"json field {path!r} ({what}): {_show(value)} is too large") from None
 
     def _label(self, rule: LabelRule, value: object) -> float:
         if rule.op is None and isinstance(value, bool):
             return float(value)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = self._float(rule.path, "label", value)
             if rule.op is None:
-                return float(value)
-            return float(bool(_COMPARE[rule.op](float(value), rule.threshold)))
+                return number
+            return float(bool(_COMPARE[rule.op](number, rule.threshold)))
         wanted = "a number" if rule.op else "true, false or a number"
         raise self._error(f"json field {rule.path!r} (label): {_show(value)} is not {wanted}")
 
@@ -125,17 +133,27 @@ def iso_ms(text: str) -> int | None:
     return ms if ms >= 0 else None
 
 
+# pyarrow's JSON reader takes what a JSON parser refuses: NaN and Infinity, numbers beyond a
+# double (read as infinity or the largest double), bytes that are not UTF-8. Anywhere in a
+# record, even in a field nobody reads, they make it bad one by one; such a chunk goes there.
+_NOT_JSON = re.compile(rb"NaN|Infinity|[eE][+-]?0*[0-9]{3}|[0-9]{300}")
+
+
 def object_lines(values: Sequence[bytes | None]) -> bytes | None:
     """The records joined by line breaks, for pyarrow's JSON reader, if every one is a single
-    line that starts with '{'; else None. pyarrow 26's reader crashes the process on a block
-    whose first record is `null`, and reads other top-level values unlike a JSON parser."""
+    line that starts with '{' and the reader would take nothing a JSON parser refuses; else
+    None. pyarrow 26's reader crashes the process on a block whose first record is `null`."""
     try:
         joined = b"\n".join(values)
     except TypeError:  # a record without a value
         return None
     if not values or joined.count(b"\n") != len(values) - 1 or b"\r" in joined:
         return None  # a line break inside a record: lines would not be records
-    if not all(value[:1] == b"{" for value in values):
+    if not all(value[:1] == b"{" for value in values) or _NOT_JSON.search(joined):
+        return None
+    try:
+        joined.decode("utf-8")
+    except UnicodeDecodeError:
         return None
     return joined
 

@@ -97,7 +97,14 @@ _records = st.fixed_dictionaries({}, optional={
     "clicked": st.one_of(st.booleans(), st.sampled_from([0, 1, 0.5, 2, -1, "1", None])),
     "ts": _times,
 }).map(lambda d: json.dumps(d).encode())
-_values = _records | st.sampled_from([b"[]", b"{", b"null", b'{"price": 1}\n{"price": 2}', None])
+_BASE = b'{"user": {"id": 1}, "ctx": {"age": 3}, "price": 2, "clicked": true, "ts": 5'
+# What pyarrow's reader takes and a JSON parser refuses (or a float cannot hold), anywhere.
+_raw = st.sampled_from([_BASE + tail for tail in (
+    b', "x": NaN}', b', "x": -Infinity}', b', "x": "\xff"}', b', "x": 1.7976931348623159e308}', b', "x": 1e400}',
+    b', "x": 1' + b"0" * 400 + b"}", b', "x": "\xed\xa0\x80"}', b"}")]
+    + [b'{"user": {"id": "\xff"}, "price": 2, "clicked": true, "ts": 5}',
+       b'{"user": {"id": 1}, "price": 1' + b"0" * 400 + b', "clicked": true, "ts": 5}'])
+_values = _records | _raw | st.sampled_from([b"[]", b"{", b"null", b'{"price": 1}\n{"price": 2}', None])
 
 
 @settings(max_examples=300, deadline=None)
