@@ -12,7 +12,6 @@ the fast path decides speed, never acceptance (a hypothesis test holds the two e
 from __future__ import annotations
 
 import datetime as dt
-import re
 from collections.abc import Sequence
 
 import msgspec
@@ -133,29 +132,43 @@ def iso_ms(text: str) -> int | None:
     return ms if ms >= 0 else None
 
 
-# pyarrow's JSON reader takes what a JSON parser refuses: NaN and Infinity, numbers beyond a
-# double (read as infinity or the largest double), bytes that are not UTF-8. Anywhere in a
-# record, even in a field nobody reads, they make it bad one by one; such a chunk goes there.
-_NOT_JSON = re.compile(rb"NaN|Infinity|[eE][+-]?0*[0-9]{3}|[0-9]{300}")
-
-
 def object_lines(values: Sequence[bytes | None]) -> bytes | None:
     """The records joined by line breaks, for pyarrow's JSON reader, if every one is a single
-    line that starts with '{' and the reader would take nothing a JSON parser refuses; else
-    None. pyarrow 26's reader crashes the process on a block whose first record is `null`."""
+    line of UTF-8 that starts with '{'; else None. pyarrow 26's reader crashes the process on
+    a block whose first record is `null`, and takes bytes that are not UTF-8, which a JSON
+    parser refuses, even in a field nobody reads."""
     try:
         joined = b"\n".join(values)
     except TypeError:  # a record without a value
         return None
     if not values or joined.count(b"\n") != len(values) - 1 or b"\r" in joined:
         return None  # a line break inside a record: lines would not be records
-    if not all(value[:1] == b"{" for value in values) or _NOT_JSON.search(joined):
+    if not all(value[:1] == b"{" for value in values):
         return None
-    try:
-        joined.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
+    if not joined.isascii():
+        try:
+            joined.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
     return joined
+
+
+def _only_json_numbers(column: pa.Array) -> bool:
+    """Whether every float in `column`, at any depth, could have come from a JSON parser:
+    pyarrow's reader also takes NaN, Infinity and numbers beyond a double (as infinity or the
+    largest double), which a JSON parser refuses, even in a field nobody reads."""
+    kind = column.type
+    if pa.types.is_floating(kind):
+        finite = pc.fill_null(pc.less(pc.abs(column), _DOUBLE_MAX), True)
+        return pc.all(finite).as_py() is not False
+    if pa.types.is_struct(kind):
+        return all(_only_json_numbers(pc.struct_field(column, i)) for i in range(kind.num_fields))
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _only_json_numbers(pc.list_flatten(column))
+    return True
+
+
+_DOUBLE_MAX = float(np.finfo(np.float64).max)
 
 
 def _show(value: object) -> str:
@@ -185,6 +198,8 @@ class DeclaredJsonFast:
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             return None
         if table.num_rows != len(values):
+            return None
+        if not all(_only_json_numbers(c.combine_chunks()) for c in table.columns):
             return None
         n = len(values)
         ok = np.ones(n, dtype=bool)
