@@ -92,6 +92,7 @@ class RecordLoader:
         self._spec = spec
         self._request = 0
         self.restarts = 0
+        self._gone: Exception | None = None  # the child died while a read was being given up
         self._start()
 
     def _start(self) -> None:
@@ -142,6 +143,9 @@ class RecordLoader:
         """
         at = [start]  # where the range goes on: after the last chunk yielded
         died_at = None
+        if self._gone is not None:  # replaced here, never while a read is being closed
+            gone, self._gone = self._gone, None
+            self._restart(gone)
         while True:
             try:
                 yield from self._read(topic, partition, at, end)
@@ -151,6 +155,7 @@ class RecordLoader:
                     raise LoaderError(f"the record loader died twice reading {topic}:{partition} from "
                                       f"offset {at[0]}: {exc}") from exc
                 died_at = at[0]
+                self._gone = None
                 self._restart(exc)
 
     def _read(self, topic: str, partition: int, at: list[int], end: int) -> Iterator[Loaded]:
@@ -174,7 +179,11 @@ class RecordLoader:
                     raise body
         finally:
             if not done:
-                self._abandon(request)
+                try:
+                    self._abandon(request)
+                except _ChildGone as exc:
+                    # Closing a read must not start a child: the next read will.
+                    self._gone = exc
 
     def _abandon(self, request: int) -> None:
         self._send(("abandon", request))

@@ -111,6 +111,13 @@ def test_a_loader_killed_midway_is_replaced_and_the_range_goes_on_after_its_last
         assert np.array_equal(np.concatenate([c.block.ids for c in chunks]), whole)  # each record once
         os.kill(loader.pid, signal.SIGKILL)  # between ranges: the next read starts another
         assert sum(len(c.block.labels) for c in loader.read(topic, 0, 0, end)) == 3000
+        read = loader.read(topic, 0, 0, end)
+        next(read)
+        os.kill(loader.pid, signal.SIGKILL)
+        read.close()  # given up while its child is dead: closes cleanly, starts nothing
+        assert loader.restarts == 2
+        assert sum(len(c.block.labels) for c in loader.read(topic, 0, 0, end)) == 3000
+        assert loader.restarts == 3
     finally:
         loader.close()
 
