@@ -34,7 +34,7 @@ from master.etcd import Etcd
 from master.membership import register_pserver, wait_for_job_config
 from master.offsets import InputOffsets, InputUnavailableError
 from pserver.barrier import StepBarrier
-from pserver.checkpoint import CheckpointStore
+from pserver.checkpoint import CheckpointStore, new_checkpoint_id
 from pserver.optimizers import make_rule
 from pserver.serving import Publisher, Snapshot
 from pserver.sharding import SlotMap
@@ -540,13 +540,13 @@ class PserverShard:
                 self._fold = (watermarks, self._log_end())
 
     # -- checkpoints ---------------------------------------------------------------------
-    def checkpoint(self, checkpoint_id: str | None = None) -> str:
+    def checkpoint(self, checkpoint_id: str | None = None, keep_also: tuple[str, ...] = ()) -> str:
         started = time.monotonic()
         # Deltas waiting at the sync barrier are consumed but not applied: resume before them.
         resume = self.barrier.applied_below(self.next_offset)
         manifest = self.store.save(self.state, {self.grad_topic: resume},
                                    self.state.dedup.watermarks(), self.slot_map.slots_of(self.index),
-                                   checkpoint_id, keep_also=self._rollback_target())
+                                   checkpoint_id, keep_also=(*keep_also, *self._rollback_target()))
         self.checkpoint_id = manifest.checkpoint_id
         self.counters.checkpoints += 1
         self.etcd.put(self.keys.checkpoint_shard(manifest.checkpoint_id, self.index), json.dumps({
@@ -631,7 +631,10 @@ class PserverShard:
         self.next_offset = end
         self.consumer.assign([TopicPartition(self.grad_topic, 0, end)])
         retired = self.store.retire_after(to)
-        self.checkpoint()
+        # After `to` whatever this host's clock says (ids sort by time: a restart loads the
+        # newest), and never pruning `to`, which checkpoints/latest may not name yet.
+        after = f"{int(to) + 1:020d}" if to.isdigit() else ""
+        self.checkpoint(max(new_checkpoint_id(), after), keep_also=(to,))
         log.info("shard %d: retired %d checkpoints newer than %s", self.index, len(retired), to)
         self.etcd.put(ack, json.dumps({"shard": self.index, "grad_offset": end, "at": time.time()}).encode())
         log.warning("shard %d: rolled back to checkpoint %s; gradients before offset %d skipped",

@@ -14,9 +14,10 @@ Rollback to such a checkpoint pauses the same way, then `control/rollback` goes 
 phases: the master puts cursors and queues back as recorded ("master"), then every shard
 loads its checkpoint, skips the gradients committed since, republishes, retires its newer
 checkpoints and checkpoints the rolled-back state ("shards", each then acknowledging at
-`checkpoints/<id>/rolled/<index>`), so that a restart stays on the rolled-back timeline. The tasks trained after the checkpoint
-are in todo again, and the dedup ledgers in the shards' checkpoints do not know them, so they
-are trained and applied once more: exactly what came after the checkpoint is replayed.
+`checkpoints/<id>/rolled/<index>`), so that a restart stays on the rolled-back timeline.
+The tasks trained after the checkpoint are in todo again, and the dedup ledgers in the
+shards' checkpoints do not know them, so they are trained and applied once more: exactly
+what came after the checkpoint is replayed.
 """
 
 from __future__ import annotations
@@ -165,6 +166,9 @@ def rollback(etcd: Etcd, job: str, checkpoint_id: str, wait_s: float = 120.0, re
     with Paused(etcd, job, wait_s, "rollback") as paused:
         paused.resume = resume
         control = keys.control("rollback")
+        # Acks left by an earlier rollback to the same checkpoint that did not clean up would
+        # make shards skip this one (a shard rolling back twice while paused ends the same).
+        etcd.delete_prefix(keys.checkpoint(checkpoint_id) + "rolled/")
         etcd.put(control, json.dumps({"to": checkpoint_id, "phase": "master", "at": time.time()}).encode())
         deadline = time.monotonic() + wait_s
         while True:
@@ -182,6 +186,6 @@ def rollback(etcd: Etcd, job: str, checkpoint_id: str, wait_s: float = 120.0, re
                                     "until it finishes")
             time.sleep(0.2)
         etcd.delete_prefix(control)
-        etcd.delete_prefix(keys.checkpoint(checkpoint_id) + "rolled/")
         # The shards retired every checkpoint after the target: it is the newest rollback target.
         etcd.put(keys.checkpoints_latest, json.dumps({"id": checkpoint_id, "shards": n, "at": time.time()}).encode())
+        etcd.delete_prefix(keys.checkpoint(checkpoint_id) + "rolled/")
