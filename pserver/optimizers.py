@@ -42,6 +42,7 @@ __all__ = [
     "UpdateRuleError",
     "check_batch",
     "clock_of",
+    "in_place",
     "make_rule",
 ]
 
@@ -93,6 +94,16 @@ class UpdateRule(Protocol):
 
 
 CLOCKS = ("row", "table")
+
+
+def in_place(rule: UpdateRule) -> Callable | None:
+    """The rule's `apply_at`, if it is the same update as its `apply`: defined by the class that
+    defines `apply` (a subclass of a built-in that overrides only `apply` must not have the
+    built-in's kernel run instead)."""
+    if getattr(rule, "apply_at", None) is None:
+        return None
+    owner = next((c for c in type(rule).__mro__ if "apply" in c.__dict__), None)
+    return rule.apply_at if owner is not None and "apply_at" in owner.__dict__ else None
 
 
 def clock_of(rule: UpdateRule) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pserver.optimizers import UpdateRule, clock_of
+from pserver.optimizers import UpdateRule, clock_of, in_place
 from pserver.sharding import mix64, name_salt
 
 _EMPTY = np.uint64(0)  # slot marker in `_keys`; real ids are stored as id + 1 (see _slot_key)
@@ -179,7 +179,7 @@ class RowTable:
                              f"{grads.dtype} {grads.shape}")
         steps = np.take(self.steps, rows)
         clock = steps if clock_of(rule) == "row" else np.full(n, self.updates, dtype=np.int64)
-        apply_at = getattr(rule, "apply_at", None)
+        apply_at = in_place(rule)
         if apply_at is not None:
             values = np.empty((n, dim), dtype=np.float32)
             apply_at(self.values, self.state, rows, grads, clock, values)

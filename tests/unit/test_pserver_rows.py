@@ -94,6 +94,19 @@ def test_rows_updated_in_place_equal_the_gathered_copies_path(spec: str) -> None
         assert np.array_equal(in_place.state[name], gathered.state[name])
 
 
+def test_a_subclass_of_a_built_in_that_overrides_apply_is_applied_by_its_apply() -> None:
+    from pserver.optimizers import SGD
+
+    class Doubled(SGD):
+        def apply(self, rows, grads, state, steps) -> None:
+            super().apply(rows, grads * 2, state, steps)
+
+    table = RowTable("t", 2, (), capacity=4, init_scale=0.0)
+    rows = table.rows_for(np.array([1], dtype=np.uint64))
+    table.update(rows, np.ones((1, 2), dtype=np.float32), Doubled(lr=0.5))
+    assert table.values[rows[0]].tolist() == [-1.0, -1.0]
+
+
 def test_gradients_of_the_wrong_shape_are_refused_naming_the_table() -> None:
     table = RowTable("user", 4, (), capacity=4)
     rows = table.rows_for(np.array([1, 2], dtype=np.uint64))
