@@ -54,16 +54,20 @@ class Child:
         return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
 
 
+_EXTERNAL = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+
+
 def restart_backoff(previous_s: float, ran_s: float, returncode: int, *, min_s: float, max_s: float,
                     healthy_after_s: float) -> float:
     """How long to wait before restarting a child that exited with `returncode` after `ran_s`.
 
     Backing off is for a child that fails by itself, again and again, soon after it starts (a
     bad config, a service it cannot reach): its wait doubles up to `max_s`. A child killed by a
-    signal (the OOM killer, an operator, a chaos test) did not fail, and one that ran at least
-    `healthy_after_s` was not crash-looping: both restart after `min_s`, so a job under
-    repeated kills recovers in seconds rather than waiting out a backoff grown to `max_s`."""
-    if returncode < 0 or ran_s >= healthy_after_s or not previous_s:
+    signal from outside (SIGKILL, SIGTERM, SIGINT, SIGHUP: an operator, the OOM killer, a chaos
+    test) did not fail, and one that ran at least `healthy_after_s` was not crash-looping: both
+    restart after `min_s`, so a job under repeated kills recovers in seconds rather than waiting
+    out a backoff grown to `max_s`. A crash by signal (SIGSEGV, SIGABRT) is its own failure."""
+    if -returncode in _EXTERNAL or ran_s >= healthy_after_s or not previous_s:
         return min_s
     return min(previous_s * 2, max_s)
 

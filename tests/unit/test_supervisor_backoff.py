@@ -17,7 +17,12 @@ def test_a_child_failing_by_itself_soon_after_starting_waits_longer_each_time() 
     assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
 
 
-@pytest.mark.parametrize("ran_s, returncode", [(0.5, -9), (3.0, -15), (10.0, 1), (600.0, 2)])
+@pytest.mark.parametrize("ran_s, returncode", [(0.5, -9), (3.0, -15), (10.0, 1), (600.0, 2), (20.0, -11)])
 def test_a_child_killed_by_a_signal_or_that_ran_a_while_restarts_at_once(ran_s, returncode) -> None:
     """Under repeated kills (a chaos test, the OOM killer) the wait never grows to the cap."""
     assert restart_backoff(30.0, ran_s, returncode, **POLICY) == 1.0
+
+
+def test_a_crash_by_signal_soon_after_starting_is_its_own_failure() -> None:
+    assert restart_backoff(4.0, 0.5, -11, **POLICY) == 8.0  # SIGSEGV
+    assert restart_backoff(4.0, 0.5, -6, **POLICY) == 8.0  # SIGABRT
