@@ -7,7 +7,7 @@ design.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -142,12 +142,16 @@ def fold(cursor: PartitionCursor, resolved: Iterable[TaskRecord],
     return (replace(cursor, trained=trained) if folded else cursor), folded
 
 
-def why_requeue(task: TaskRecord, gone: Collection[str], timed_out: bool, timeout_s: float) -> str | None:
+def why_requeue(task: TaskRecord, gone: Mapping[str, float], last_write: float, timed_out: bool,
+                timeout_s: float) -> str | None:
     """Why a pending task must go back to todo now, or None. A trainer that was a member and
-    left (its membership lease ended: it died, or stopped without releasing) gives its tasks
-    back at once; any other waits for the task timeout, which also covers trainers the master
-    never saw (a master that just started, a client without membership)."""
-    if task.trainer_id is not None and task.trainer_id in gone:
+    left (`gone`: when its membership lease ended: it died, or stopped without releasing)
+    gives back the tasks it has not written since (`last_write`, its claim or last heartbeat):
+    one that still heartbeats is alive, its lease only lapsed, and it keeps its task. Any
+    other waits for the task timeout, which also covers trainers the master never saw (a
+    master that just started, a client without membership). Times are the master's clock."""
+    left = gone.get(task.trainer_id) if task.trainer_id is not None else None
+    if left is not None and last_write <= left:
         return f"trainer {task.trainer_id} left (its membership lease ended)"
     if timed_out:
         return f"timed out after {timeout_s:g} s on trainer {task.trainer_id}"

@@ -253,7 +253,8 @@ class Master:
             if now < seen.deadline and not self._gone:
                 continue
             task = self._parse(entry)
-            reason = None if task is None else plan.why_requeue(task, self._gone, now >= seen.deadline, timeout)
+            reason = None if task is None else plan.why_requeue(task, self._gone, seen.deadline - timeout,
+                                                                now >= seen.deadline, timeout)
             if reason is None:
                 continue
             state, retried = plan.retry_or_fail(task, self.config.tasks.max_attempts, reason)

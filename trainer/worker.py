@@ -156,6 +156,7 @@ class Trainer:
         self.config = config
         self.topics = Topics(config.name)
         self.lease = register_trainer(self.etcd, config.name, self.trainer_id, self.lease_ttl_s)
+        self._membership_lock = threading.Lock()  # the feed's thread and the training thread renew it
         self.tasks = TaskClient.for_job(self.etcd, config.name, self.trainer_id)
         for task_id in self.tasks.requeue_predecessors():
             log.warning("trainer %s: task %s was still held under this id by a predecessor; requeued",
@@ -296,9 +297,7 @@ class Trainer:
         self.obs.task_ended(ended.ending)
 
     def _next_task(self) -> ClaimedTask | None:
-        if self.lease.lost.is_set():
-            log.warning("trainer %s: membership lease lost (frozen?); registering again", self.trainer_id)
-            self.lease = register_trainer(self.etcd, self.config.name, self.trainer_id, self.lease_ttl_s)
+        self._keep_membership()
         return None if self._paused() else self.tasks.claim()
 
     def _paused(self) -> bool:
@@ -481,3 +480,10 @@ class Trainer:
     def _heartbeat(self) -> None:
         self._task = self.tasks.heartbeat(self._task)
         self._heartbeat_at = time.monotonic()
+        self._keep_membership()  # a long task must not leave it lapsed: the master requeues for that
+
+    def _keep_membership(self) -> None:
+        with self._membership_lock:
+            if self.lease.lost.is_set():
+                log.warning("trainer %s: membership lease lost (frozen?); registering again", self.trainer_id)
+                self.lease = register_trainer(self.etcd, self.config.name, self.trainer_id, self.lease_ttl_s)

@@ -200,6 +200,8 @@ def test_a_task_goes_back_at_once_when_its_trainer_left_else_after_its_timeout()
     from dataclasses import replace
 
     task = replace(TaskRecord.for_range("t", 0, 0, 10), trainer_id="t1")
-    assert plan.why_requeue(task, {"t1"}, timed_out=False, timeout_s=30) == "trainer t1 left (its membership lease ended)"
-    assert plan.why_requeue(task, {"t2"}, timed_out=False, timeout_s=30) is None
-    assert plan.why_requeue(task, set(), timed_out=True, timeout_s=30) == "timed out after 30 s on trainer t1"
+    left = "trainer t1 left (its membership lease ended)"
+    assert plan.why_requeue(task, {"t1": 100.0}, 90.0, timed_out=False, timeout_s=30) == left
+    assert plan.why_requeue(task, {"t1": 100.0}, 105.0, timed_out=False, timeout_s=30) is None  # it heartbeats
+    assert plan.why_requeue(task, {"t2": 100.0}, 90.0, timed_out=False, timeout_s=30) is None
+    assert plan.why_requeue(task, {}, 0.0, timed_out=True, timeout_s=30) == "timed out after 30 s on trainer t1"
