@@ -127,16 +127,25 @@ def test_partial_task_at_the_head_is_cut_after_linger(services, topic_factory, u
     etcd.close()
 
 
-def test_dead_trainers_task_returns_to_todo_after_timeout_with_attempt_plus_one(
-    services, topic_factory, unique, start_master
-) -> None:
-    topic = topic_factory("timeout")
-    produce(services, topic, {0: 10})
-    config = job_config(unique("timeout"), topic, tasks={"max_records": 10, "timeout_s": 1})
+def one_partition_job(services, topic_factory, unique, start_master, stem: str, records: int, tasks: dict,
+                      todo: int):
+    """A master over one partition of `records` records, once it has cut `todo` tasks:
+    (topic, config, etcd client, keys)."""
+    topic = topic_factory(stem)
+    produce(services, topic, {0: records})
+    config = job_config(unique(stem), topic, tasks=tasks)
     etcd = Etcd.connect(services)
     keys = EtcdKeys(config.name)
     start_master(config)
-    wait_for(lambda: etcd.count(keys.tasks("todo")) == 1, 10, "a task")
+    wait_for(lambda: etcd.count(keys.tasks("todo")) == todo, 10, f"{todo} tasks")
+    return topic, config, etcd, keys
+
+
+def test_dead_trainers_task_returns_to_todo_after_timeout_with_attempt_plus_one(
+    services, topic_factory, unique, start_master
+) -> None:
+    topic, config, etcd, keys = one_partition_job(services, topic_factory, unique, start_master,
+                                                  "timeout", 10, {"max_records": 10, "timeout_s": 1}, todo=1)
     dead = client(etcd, config, "doomed")
     task = dead.claim()
     assert task is not None and task.record.attempt == 0
@@ -164,13 +173,8 @@ def test_a_trainer_that_leaves_gives_its_task_back_at_once_not_after_the_timeout
 ) -> None:
     """Issue 16: a dead trainer's tasks waited out the task timeout; its membership lease ends
     far sooner."""
-    topic = topic_factory("left")
-    produce(services, topic, {0: 10})
-    config = job_config(unique("left"), topic, tasks={"max_records": 10, "timeout_s": 60})
-    etcd = Etcd.connect(services)
-    keys = EtcdKeys(config.name)
-    start_master(config)
-    wait_for(lambda: etcd.count(keys.tasks("todo")) == 1, 10, "a task")
+    topic, config, etcd, keys = one_partition_job(services, topic_factory, unique, start_master,
+                                                  "left", 10, {"max_records": 10, "timeout_s": 60}, todo=1)
     lease = register_trainer(etcd, config.name, "leaving", ttl_s=1)
     wait_for(lambda: etcd.get(keys.trainer("leaving")) is not None, 5, "membership")
     time.sleep(1.0)  # the master sees the member before it leaves
@@ -188,13 +192,8 @@ def test_a_trainer_that_leaves_gives_its_task_back_at_once_not_after_the_timeout
 def test_a_trainer_restarted_under_its_id_requeues_what_its_predecessor_held(
     services, topic_factory, unique, start_master
 ) -> None:
-    topic = topic_factory("again")
-    produce(services, topic, {0: 20})
-    config = job_config(unique("again"), topic, tasks={"max_records": 10, "timeout_s": 60})
-    etcd = Etcd.connect(services)
-    keys = EtcdKeys(config.name)
-    start_master(config)
-    wait_for(lambda: etcd.count(keys.tasks("todo")) == 2, 10, "two tasks")
+    topic, config, etcd, keys = one_partition_job(services, topic_factory, unique, start_master,
+                                                  "again", 20, {"max_records": 10, "timeout_s": 60}, todo=2)
     held = client(etcd, config, "trainer-0").claim()
     other = client(etcd, config, "trainer-1").claim()
     assert client(etcd, config, "trainer-0").requeue_predecessors() == [held.task_id]
@@ -207,13 +206,8 @@ def test_a_trainer_restarted_under_its_id_requeues_what_its_predecessor_held(
 def test_task_claimed_by_a_sigkilled_trainer_process_returns_to_todo_with_attempt_plus_one(
     services, topic_factory, unique, start_master
 ) -> None:
-    topic = topic_factory("sigkill")
-    produce(services, topic, {0: 10})
-    config = job_config(unique("sigkill"), topic, tasks={"max_records": 10, "timeout_s": 1})
-    etcd = Etcd.connect(services)
-    keys = EtcdKeys(config.name)
-    start_master(config)
-    wait_for(lambda: etcd.count(keys.tasks("todo")) == 1, 10, "a task")
+    topic, config, etcd, keys = one_partition_job(services, topic_factory, unique, start_master,
+                                                  "sigkill", 10, {"max_records": 10, "timeout_s": 1}, todo=1)
     env = dict(os.environ, STREAMTRAIN_KAFKA=services.kafka, STREAMTRAIN_ETCD=services.etcd,
                STREAMTRAIN_REDIS=services.redis)
     script = (
@@ -239,14 +233,9 @@ def test_task_claimed_by_a_sigkilled_trainer_process_returns_to_todo_with_attemp
 def test_task_that_always_crashes_its_trainer_ends_in_failed_after_max_attempts(
     services, topic_factory, unique, start_master
 ) -> None:
-    topic = topic_factory("poison")
-    produce(services, topic, {0: 30})
-    config = job_config(unique("poison"), topic,
-                        tasks={"max_records": 10, "timeout_s": 0.5, "max_attempts": 3})
-    etcd = Etcd.connect(services)
-    keys = EtcdKeys(config.name)
-    start_master(config)
-    wait_for(lambda: etcd.count(keys.tasks("todo")) == 3, 10, "three tasks")
+    topic, config, etcd, keys = one_partition_job(services, topic_factory, unique, start_master,
+                                                  "poison", 30, {"max_records": 10, "timeout_s": 0.5,
+                                                                 "max_attempts": 3}, todo=3)
     poison_id = TaskRecord.make_id(topic, 0, 10)
     healthy = FakeTrainer(client(etcd, config, "healthy"))
     crashes = 0
@@ -273,13 +262,8 @@ def test_task_that_always_crashes_its_trainer_ends_in_failed_after_max_attempts(
 
 
 def test_trainer_fail_and_release(services, topic_factory, unique, start_master) -> None:
-    topic = topic_factory("fail")
-    produce(services, topic, {0: 5})
-    config = job_config(unique("fail"), topic, tasks={"max_records": 5, "max_attempts": 2})
-    etcd = Etcd.connect(services)
-    keys = EtcdKeys(config.name)
-    start_master(config)
-    wait_for(lambda: etcd.count(keys.tasks("todo")) == 1, 10, "a task")
+    topic, config, etcd, keys = one_partition_job(services, topic_factory, unique, start_master,
+                                                  "fail", 5, {"max_records": 5, "max_attempts": 2}, todo=1)
     c = client(etcd, config)
     task = c.claim()
     c.release(task)
