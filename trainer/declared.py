@@ -195,13 +195,17 @@ class DeclaredJsonFast:
             return None
         try:
             table = pj.read_json(pa.py_buffer(joined), read_options=self._read)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            if table.num_rows != len(values):
+                return None
+            return self._convert(table, len(values))
+        except pa.ArrowException:
+            # What pyarrow cannot read or convert (its JSON reader builds some list columns
+            # that its own concatenation refuses: `[null, 0]`) the reference decides.
             return None
-        if table.num_rows != len(values):
-            return None
+
+    def _convert(self, table: pa.Table, n: int) -> tuple[Columns, np.ndarray, list[int]] | None:
         if not all(_only_json_numbers(c.combine_chunks()) for c in table.columns):
             return None
-        n = len(values)
         ok = np.ones(n, dtype=bool)
         by_path = {}
         declared = dict(self.fields.sparse)
