@@ -33,8 +33,15 @@ class Bounds:
 
 class InputOffsets:
     def __init__(self, endpoints: Endpoints, timeout_s: float = 5.0) -> None:
-        self._admin = AdminClient({"bootstrap.servers": endpoints.kafka, "logger": _quiet})
+        self._config = {"bootstrap.servers": endpoints.kafka, "logger": _quiet}
+        self._admin = AdminClient(self._config)
         self._timeout = timeout_s
+
+    def _renew(self) -> None:
+        # After a broker restart librdkafka's admin client can keep asking with a partition's
+        # old leader epoch and get FENCED_LEADER_EPOCH for good (seen: every call for over 30
+        # s); a new client starts from fresh metadata.
+        self._admin = AdminClient(self._config)
 
     def partitions(self, topics: Iterable[str]) -> list[Partition]:
         """Every partition of the topics, partitions added since the last call included."""
@@ -42,6 +49,7 @@ class InputOffsets:
         try:
             metadata = self._admin.list_topics(timeout=self._timeout)
         except KafkaException as exc:
+            self._renew()
             raise InputUnavailableError(f"Kafka metadata request failed: {exc}") from exc
         for topic in topics:
             meta = metadata.topics.get(topic)
@@ -78,4 +86,5 @@ class InputOffsets:
                                                request_timeout=self._timeout)
             return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
         except KafkaException as exc:
+            self._renew()
             raise InputUnavailableError(f"listing offsets failed: {exc}") from exc
