@@ -45,11 +45,20 @@ def ensure_topics(endpoints: Endpoints, specs: Iterable[TopicSpec], timeout: flo
                 raise InfraError(f"creating topic {name!r} failed: {exc.args[0].str()}") from exc
 
 
+ETCD_RETRY_S = 1.0
+
+
 def etcd_client(endpoints: Endpoints, timeout: float = 10.0):
     import pyetcd
 
     host, port = endpoints.etcd_host_port
-    return pyetcd.client(host=host, port=port, timeout=timeout)
+    client = pyetcd.client(host=host, port=port, timeout=timeout)
+    # After any failed call pyetcd refuses every call for `time_retry` (300 s by default):
+    # an etcd restarted in seconds stopped the whole job for five minutes. gRPC reconnects on
+    # its own; a second is enough not to hammer an etcd that is down.
+    for endpoint in client.endpoints.values():
+        endpoint.time_retry = ETCD_RETRY_S
+    return client
 
 
 def redis_client(endpoints: Endpoints):

@@ -15,7 +15,7 @@ import threading
 
 from pyetcd import transactions as tx
 
-from master.errors import NotLeaderError
+from master.errors import CoordinationError, NotLeaderError
 from master.etcd import Compare, Etcd, Lease, absent, create_revision_is, put_op
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,8 @@ class LeaderLock:
             return
         try:
             self._etcd.txn([self.fence()], [tx.Delete(self.key)])
+        except CoordinationError as exc:  # etcd away: the lease ends the lock by itself
+            log.warning("releasing %s failed: %s; its lease will end it", self.key, exc)
         finally:
             if self._lease is not None:
                 self._lease.revoke()

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from infra import Endpoints
 from master import plan
 from master.config import JobConfig
-from master.errors import NotLeaderError
+from master.errors import CoordinationError, NotLeaderError
 from master.etcd import (MAX_TXN_OPS, Entry, Etcd, Op, absent, delete_op, delete_prefix_op, mod_revision_is,
                          nested_succeeded, put_op, txn_op)
 from master.leader import LeaderLock
@@ -30,6 +30,7 @@ from streamtrain.observability import MasterMetrics
 log = logging.getLogger(__name__)
 
 PARTITION_SCAN_S = 1.0
+ETCD_AWAY_S = 1.0
 
 
 @dataclass
@@ -82,6 +83,9 @@ class Master:
                     self.step()
                 except InputUnavailableError as exc:
                     log.warning("%s; retrying", exc)
+                except CoordinationError as exc:  # etcd away: the lock's lease decides who leads
+                    log.warning("%s; retrying in %.0f s", exc, ETCD_AWAY_S)
+                    stop.wait(ETCD_AWAY_S)
                 stop.wait(self.config.master.poll_ms / 1000)
         finally:
             self.metrics.leader.set(0)

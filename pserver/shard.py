@@ -20,6 +20,7 @@ import socket
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,7 +30,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 from infra import Endpoints
 from infra.clients import TopicSpec, ensure_topics, redis_client
 from master.config import JobConfig
-from master.errors import MasterError
+from master.errors import CoordinationError, MasterError
 from master.etcd import Etcd
 from master.membership import register_pserver, wait_for_job_config
 from master.offsets import InputOffsets, InputUnavailableError
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 # Gradient topics must keep everything since the oldest kept checkpoint; a week leaves room
 # for a shard that cannot checkpoint for days (its storage down) without losing updates.
 GRAD_RETENTION_MS = 7 * 24 * 3600 * 1000
+SERVICE_AWAY_S = 1.0  # a periodic step that failed on etcd or Redis is tried again after this
 
 
 class ShardLostError(MasterError):
@@ -405,15 +407,25 @@ class PserverShard:
             self._consume(1000, 0.05)
             now = time.monotonic()
             if now >= next_fold:
-                self._fold_dedup()
+                self._waiting_out(self._fold_dedup)
                 next_fold = now + self.options.fold_interval_s
             if now >= next_housekeeping:
                 self._release()
-                self._housekeeping()
+                self._waiting_out(self._housekeeping)
                 next_housekeeping = now + self.options.housekeeping_s
             if now >= next_checkpoint:
-                self.checkpoint()
-                next_checkpoint = time.monotonic() + checkpoint_every_s
+                done = self._waiting_out(self.checkpoint)
+                next_checkpoint = time.monotonic() + (checkpoint_every_s if done else SERVICE_AWAY_S)
+
+    def _waiting_out(self, step: Callable[[], object]) -> bool:
+        """Run a periodic step; etcd or Redis away fails it, to be tried again at its next
+        turn, instead of stopping the shard (it goes on applying what the broker brings)."""
+        try:
+            step()
+            return True
+        except (CoordinationError, redis.ConnectionError, redis.TimeoutError) as exc:
+            log.warning("shard %d: %s; trying again later", self.index, exc)
+            return False
 
     # -- applying ------------------------------------------------------------------------
     def _consume(self, batch: int, timeout: float) -> None:
