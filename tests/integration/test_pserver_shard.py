@@ -154,7 +154,13 @@ def test_shard_killed_mid_stream_ends_equal_to_an_unkilled_one(services, etcd, r
         # The last process's own stats: the killed one's say caught up too, once it had.
         wait_for(lambda: stats(redis_conn, killed).get("pid") == process.proc.pid, 60, "the last restart serving")
         for job in (killed, steady):
-            wait_for(lambda: caught_up(services, redis_conn, job), 60, f"{job} caught up")
+            try:
+                wait_for(lambda: caught_up(services, redis_conn, job), 60, f"{job} caught up")
+            except AssertionError as exc:  # seen once in CI (2026-11-23): say what it was waiting on
+                topic = Topics(job).grad(0)
+                raise AssertionError(f"{exc}; stats {stats(redis_conn, job)}; stable end "
+                                     f"{stable_ends(services, topic, 1)}; reference shard thread alive "
+                                     f"{reference_shard.thread.is_alive()}, error {reference_shard.error!r}") from exc
         got_rows, got_blocks = params(redis_conn, killed)
         want_rows, want_blocks = params(redis_conn, steady)
         np.testing.assert_allclose(got_rows, want_rows, atol=1e-6, rtol=0)
