@@ -190,8 +190,10 @@ class Trainer:
         self.own = OwnPushes(rule, self.trainer_id, self.shards)
         # Rows are estimated when a step may train before the shards publish an earlier one:
         # within a push group, and after pushes a trainer may leave in flight.
-        self.own_rows = OwnRows(rule, self.rows.width) if config.train.push_every > 1 or (
-            config.train.sgd == "async" and config.train.max_in_flight > 0) else None
+        # Kept with the push only if a later pull may miss it (pushes left in flight).
+        self._rows_in_flight = config.train.sgd == "async" and config.train.max_in_flight > 0
+        self.own_rows = OwnRows(rule, self.rows.width) if config.train.push_every > 1 or self._rows_in_flight \
+            else None
         # A step's dense change is estimated only if a later step may train before the shards
         # publish it: not when every step is pulled after this trainer's pushes are published
         # (async with `max_in_flight` 0, or sync), where the estimate was 6% of the trainer's
@@ -413,7 +415,8 @@ class Trainer:
                 change = self.own_rows.step(unique, grads)  # every step: the state must see all
                 if at is not None:
                     values[at] += change
-                self.own.rows(RowChange(layout.name, unique, change, owners if at is None else owners[at]))
+                if self._rows_in_flight:
+                    self.own.rows(RowChange(layout.name, unique, change, owners if at is None else owners[at]))
         self._push(sum(batch.size for batch in batches))
 
     def _train_step(self, batch: Batch, unique: np.ndarray, inverse: np.ndarray, values: np.ndarray,
