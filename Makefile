@@ -12,7 +12,7 @@ TEST ?=
 N ?= 20
 LOAD ?= 2
 
-.PHONY: setup system-deps kafka-jars test test-unit stress demo bench clean
+.PHONY: setup system-deps kafka-jars test test-unit stress demo bench chaos clean
 
 setup: system-deps $(VENV)/.installed kafka-jars
 
@@ -42,6 +42,12 @@ stress: setup
 BENCH_ARGS ?=
 bench: setup
 	$(PY) -m bench.e2e $(BENCH_ARGS)
+
+# `make chaos CHAOS_ARGS="--profile full"`: a job under kills, freezes and service restarts,
+# checked by ledger, with recovery times (bench/chaos.py); the CI profile by default.
+CHAOS_ARGS ?=
+chaos: setup
+	$(PY) -m bench.chaos $(CHAOS_ARGS)
 
 demo: setup
 	$(VENV)/bin/streamtrain demo $(if $(DURATION),--duration $(DURATION),)

@@ -1,0 +1,484 @@
+"""A job under chaos: processes killed and frozen, services killed and restarted, on a seeded
+schedule; then the ledger is checked and recovery is timed.
+
+    python -m bench.chaos [--profile ci|full] [--records N] [--passes N] [--every-s S]
+                          [--faults trainer loader shard master freeze kafka etcd redis]
+                          [--seed N] [--out report.json]
+
+The workload is `bench.e2e`'s (production-like CTR records as CSV on a 2-partition topic,
+WideDeep, Adam); the job's `[train]` and `[tasks]` keep their defaults. Its master, 2 shards and
+2 trainers run as `streamtrain` processes under the supervisor `streamtrain job run` uses
+(streamtrain/supervisor.py), which restarts what dies. First a fault-free run of the job gives
+the reference rate and holdout AUC; then the same job runs again while every `--every-s` a
+fault from `--faults`, in a seeded shuffled order, hits it:
+
+- `trainer`, `shard`, `master`: SIGKILL of that process (the supervisor restarts it);
+- `loader`: SIGKILL of a trainer's loader child (its trainer restarts it);
+- `freeze`: SIGSTOP of a trainer, shard or master for longer than its lease, then SIGCONT;
+- `kafka`, `etcd`, `redis`: SIGKILL of the service, restarted 2 s later (Redis empty).
+
+Recovery per fault: **back** is kill -> the process working again (a trainer's or loader's
+pushes published again, a shard publishing again, a master holding the lock again, a service
+answering again; a freeze counts from its SIGCONT), **rate** is kill -> the job's applied rate
+over a 2 s window wholly after the kill back above half the fault-free rate (so never under
+2 s). Reported p50/p99 per kind.
+
+Checked at the end, by ledger: the job finished its passes; each shard applied exactly the
+records of each partition once per pass (none lost, none twice: the shards' dedup ledger drops
+every redone group, reported as `dropped`); holdout AUC within 0.005 of the fault-free run.
+Exits 1 if a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from bench.e2e import MODELS, Workload, children, examples, job_toml, quality
+from bench.trainer_throughput import write_topic
+from infra import Endpoints, LocalServices, Ports
+from infra.clients import redis_client
+from master.config import JobConfig
+from master.errors import CoordinationError
+from master.etcd import Etcd
+from pserver.sharding import SlotMap
+from schemas import EtcdKeys, RedisKeys
+from streamtrain.supervisor import Supervisor, pid_alive
+from trainer.scoring import Scorer
+
+PROCESS_FAULTS = ("trainer", "loader", "shard", "master", "freeze")
+SERVICE_FAULTS = ("kafka", "etcd", "redis")
+SHARDS, TRAINERS = 2, 2
+AUC_TOLERANCE = 0.005
+WINDOW_S = 2.0  # the applied rate is measured over this trailing window
+SAMPLE_S = 0.2
+SERVICE_DOWN_S = 2.0
+FREEZE_PAST_LEASE_S = 3.0
+LEASE_S = 10  # the trainers' and shards' membership leases (their CLI defaults)
+
+
+@dataclass(frozen=True)
+class Profile:
+    records: int
+    passes: int  # enough for the job to outlast the schedule under it
+    every_s: float
+    rounds: int  # each kind comes up this many times
+    faults: tuple[str, ...] = PROCESS_FAULTS + SERVICE_FAULTS
+
+
+PROFILES = {
+    # Every kind once, in under 5 minutes here.
+    "ci": Profile(1_500_000, 1, 2.5, 1),
+    # Every kind 100 times, a fault every 3 s (a freeze lasts past a lease, a service restart
+    # until it answers): about an hour and a half of chaos, after the fault-free run.
+    "full": Profile(500_000, 150, 3.0, 100),
+}
+
+
+def schedule(kinds: tuple[str, ...], count: int, seed: int) -> list[str]:
+    """`count` faults: rounds of every kind in a shuffled order, so each kind comes up evenly."""
+    rng, out = random.Random(seed), []
+    while len(out) < count:
+        kinds_round = list(kinds)
+        rng.shuffle(kinds_round)
+        out += kinds_round
+    return out[:count]
+
+
+def first_at_or_above(times: np.ndarray, rates: np.ndarray, after: float, threshold: float,
+                      window_s: float = WINDOW_S) -> float | None:
+    """The end of the first trailing window wholly after `after` whose rate is at least
+    `threshold` (a rate back within the window reads as the window's length)."""
+    hit = np.nonzero((times - window_s >= after) & (rates >= threshold))[0]
+    return float(times[hit[0]]) if len(hit) else None
+
+
+def trailing_rates(times: np.ndarray, done: np.ndarray, window_s: float) -> np.ndarray:
+    """Per sample, (examples done now - done `window_s` before) / `window_s` (0 before a window)."""
+    before = np.interp(times - window_s, times, done, left=np.nan)
+    return np.nan_to_num((done - before) / window_s, nan=0.0)
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p99": None, "max": None}
+    return {"p50": round(float(np.percentile(values, 50)), 1), "p99": round(float(np.percentile(values, 99)), 1),
+            "max": round(max(values), 1)}
+
+
+# -------------------------------------------------------------------------- watching the job
+@dataclass
+class Fault:
+    kind: str  # a --faults kind; a freeze is named with what it froze ("freeze shard")
+    target: str  # trainer id, shard index, "master" or the service
+    at: float  # monotonic
+    mark_kind: str = ""  # what kind of progress says the target is back
+    resumed_at: float | None = None  # a freeze's SIGCONT, a service's restart
+    before: object = None  # the target's progress mark when hit
+    back_at: float | None = None
+    rate_at: float | None = None
+
+
+class Probe:
+    """What the job has done, read from Redis and etcd; a read that fails (a service away)
+    says nothing."""
+
+    def __init__(self, endpoints: Endpoints, job: str) -> None:
+        self.endpoints, self.job = endpoints, job
+        self.redis_keys, self.etcd_keys = RedisKeys(job), EtcdKeys(job)
+        self._redis = redis_client(endpoints)
+        self._etcd: Etcd | None = None
+
+    def applied(self) -> int | None:
+        """Examples applied by the shard that has applied fewest."""
+        try:
+            raw = self._redis.mget([self.redis_keys.stats(s) for s in range(SHARDS)])
+        except Exception:  # noqa: BLE001  Redis away
+            return None
+        if not all(raw):
+            return None
+        return min(json.loads(r).get("examples", 0) for r in raw)
+
+    def stats(self) -> list[dict]:
+        return [json.loads(self._redis.get(self.redis_keys.stats(s)) or b"{}") for s in range(SHARDS)]
+
+    def mark(self, kind: str, target: str) -> object:
+        """The target's progress mark: it is back once this changes."""
+        try:
+            if kind in ("trainer", "loader"):
+                raw = self._redis.mget([self.redis_keys.applied(s) for s in range(SHARDS)])
+                return max((json.loads(r).get(target, -1) for r in raw if r), default=-1)
+            if kind == "shard":
+                return self._redis.get(self.redis_keys.version(int(target)))
+            if kind == "master":
+                # Its create revision: a master that takes the lock again, even under the
+                # same identity, holds it anew.
+                entry = self._etcd_client().get(self.etcd_keys.master_lock)
+                return entry.create_revision if entry else None
+        except Exception:  # noqa: BLE001  a service away
+            return _UNKNOWN
+        return None
+
+    def back(self, fault: Fault) -> bool:
+        now = self.mark(fault.mark_kind, fault.target)
+        if now is _UNKNOWN or fault.before is _UNKNOWN:
+            return False
+        if fault.mark_kind in ("trainer", "loader"):
+            return now > fault.before
+        return now is not None and now != fault.before
+
+    def finished(self) -> bool:
+        try:
+            entry = self._etcd_client().get(self.etcd_keys.state)
+        except CoordinationError:
+            return False
+        return entry is not None and json.loads(entry.value).get("state") == "finished"
+
+    def _etcd_client(self) -> Etcd:
+        if self._etcd is None:
+            self._etcd = Etcd.connect(self.endpoints)
+        return self._etcd
+
+    def close(self) -> None:
+        self._redis.close()
+        if self._etcd is not None:
+            self._etcd.close()
+
+
+_UNKNOWN = object()
+
+
+@dataclass
+class Run:
+    name: str
+    wall_s: float
+    applied: list[tuple[float, int]]
+    faults: list[Fault] = field(default_factory=list)
+    stats: list[dict] = field(default_factory=list)
+    auc: dict = field(default_factory=dict)
+    restarts: dict[str, int] = field(default_factory=dict)
+
+
+class Chaos:
+    """Runs one job under the supervisor, injecting `kinds` every `every_s` (none: fault-free)."""
+
+    def __init__(self, local: LocalServices, home: Path, work: Workload, topic: str, passes: int) -> None:
+        self.local, self.home, self.work, self.topic, self.passes = local, home, work, topic, passes
+        self.endpoints = local.endpoints
+
+    def run(self, name: str, kinds: list[str], every_s: float, timeout_s: float, seed: int) -> Run:
+        job_file = self.home / f"{name}.toml"
+        job_file.write_text(job_toml(name, self.topic, "csv", self.work, MODELS["widedeep"],
+                                     self.home / "ckpt" / name, {"input": {"passes": str(self.passes)}}))
+        config = JobConfig.from_toml(job_file.read_text())
+        env = {"STREAMTRAIN_KAFKA": self.endpoints.kafka, "STREAMTRAIN_ETCD": self.endpoints.etcd,
+               "STREAMTRAIN_REDIS": self.endpoints.redis}
+        sup = Supervisor(env, self.home / "logs" / name)
+        sup.add("master", ["master", "--job", str(job_file)])
+        for i in range(SHARDS):
+            sup.add(f"shard-{i}", ["pserver", "--job", name, "--index", str(i)])
+        for i in range(TRAINERS):
+            sup.add(f"trainer-t{i}", ["trainer", "--job", name, "--id", f"t{i}"])
+        probe = Probe(self.endpoints, name)
+        rng = random.Random(seed)
+        began = time.monotonic()
+        applied: list[tuple[float, int]] = []
+        faults: list[Fault] = []
+        pending = list(kinds)
+        next_fault: float | None = None
+        frozen: list[tuple[float, int, Fault]] = []  # (SIGCONT at, pid, fault)
+        restarting: list[threading.Thread] = []
+        try:
+            while True:
+                now = time.monotonic()
+                if now - began > timeout_s:
+                    raise RuntimeError(f"{name}: not finished after {timeout_s:.0f} s; logs in {sup.log_dir}")
+                for _ in sup.poll():
+                    pass
+                done = probe.applied()
+                if done is not None:
+                    applied.append((now, done))
+                if next_fault is None and done:  # training under way: the schedule starts
+                    next_fault = now + every_s
+                for fault in faults:
+                    if fault.back_at is None and (fault.resumed_at or fault.at) <= now and \
+                            fault.kind not in SERVICE_FAULTS and probe.back(fault):
+                        fault.back_at = now
+                for due in [f for f in frozen if f[0] <= now]:
+                    _signal(due[1], signal.SIGCONT)
+                    due[2].resumed_at = time.monotonic()
+                    frozen.remove(due)
+                if pending and next_fault is not None and now >= next_fault and not frozen and \
+                        not any(t.is_alive() for t in restarting):
+                    fault = self._inject(pending[0], sup, probe, rng, frozen, restarting)
+                    if fault is None:  # its target is restarting: again in a moment
+                        next_fault = now + 0.5
+                    else:
+                        faults.append(fault)
+                        pending.pop(0)
+                        next_fault = now + every_s
+                if not frozen and not any(t.is_alive() for t in restarting) and probe.finished():
+                    break
+                time.sleep(SAMPLE_S)
+            wall = time.monotonic() - began
+            for _ in range(int(30 / SAMPLE_S)):  # the shards' stats of the last examples
+                if probe.applied() == len(self.work.train.clicked) * self.passes:
+                    break
+                time.sleep(SAMPLE_S)
+            stats = probe.stats()
+            slot_map = SlotMap.from_json(probe._etcd_client().get(EtcdKeys(name).slots).value)
+            sup.stop()  # a stopping shard flushes its rows to their keys
+            redis_conn = redis_client(self.endpoints)
+            try:
+                scores = Scorer(config, redis_conn, slot_map).score(examples(self.work.model, self.work.holdout))
+            finally:
+                redis_conn.close()
+            return Run(name, wall, applied, faults, stats, quality(self.work, scores), sup.restarts)
+        finally:
+            for _, pid, _ in frozen:
+                _signal(pid, signal.SIGCONT)
+            for thread in restarting:
+                thread.join(120)
+            sup.stop()
+            probe.close()
+
+    def _inject(self, kind: str, sup: Supervisor, probe: Probe, rng: random.Random,
+                frozen: list, restarting: list) -> Fault | None:
+        now = time.monotonic()
+        if kind in SERVICE_FAULTS:
+            server = self.local.servers[kind]
+            pid = server.pid()
+            if pid is None:
+                return None
+            fault = Fault(kind, kind, now)
+            _signal(pid, signal.SIGKILL)
+
+            def restart() -> None:
+                while pid_alive(pid):
+                    time.sleep(0.05)
+                time.sleep(SERVICE_DOWN_S)
+                server.start()
+                fault.resumed_at = fault.back_at = time.monotonic()
+
+            thread = threading.Thread(target=restart, daemon=True)
+            thread.start()
+            restarting.append(thread)
+            return fault
+        if kind == "freeze":
+            child = sup.children[rng.choice(sorted(sup.children))]
+        elif kind == "loader":
+            child = sup.children[f"trainer-t{rng.randrange(TRAINERS)}"]
+        else:
+            names = [n for n in sorted(sup.children) if n.startswith(kind)]
+            child = sup.children[rng.choice(names)]
+        pid = child.pid
+        if pid is None:
+            return None
+        target_kind = child.name.split("-")[0]
+        target = child.name.split("-", 1)[1] if target_kind != "master" else "master"
+        if kind == "loader":
+            loaders = children(pid)
+            if not loaders:
+                return None
+            pid = loaders[0]
+        mark_kind = target_kind if kind == "freeze" else kind
+        fault = Fault(f"freeze {target_kind}" if kind == "freeze" else kind, target, now, mark_kind,
+                      before=probe.mark(mark_kind, target))
+        if kind == "freeze":
+            _signal(pid, signal.SIGSTOP)
+            frozen.append((now + LEASE_S + FREEZE_PAST_LEASE_S, pid, fault))
+            fault.resumed_at = now + LEASE_S + FREEZE_PAST_LEASE_S
+        else:
+            _signal(pid, signal.SIGKILL)
+        return fault
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+# -------------------------------------------------------------------------- the report
+def expected_counts(records: int, topic: str, passes: int) -> dict[str, int]:
+    """What each shard must have applied per partition: `write_topic` alternates partitions."""
+    return {f"{topic}:0": (records + 1) // 2 * passes, f"{topic}:1": records // 2 * passes}
+
+
+def ledger(stats: list[dict], want: dict[str, int]) -> dict:
+    """Examples lost and applied twice, over the shards and partitions."""
+    lost = twice = 0
+    for shard in stats:
+        got = shard.get("examples_by_partition") or {}
+        for partition, n in want.items():
+            diff = got.get(partition, 0) - n
+            lost, twice = lost + max(0, -diff), twice + max(0, diff)
+    return {"lost": lost, "applied_twice": twice, "dropped_groups": sum(s.get("dropped", 0) for s in stats),
+            "bad": sum(s.get("bad", 0) for s in stats)}
+
+
+def recovery(run: Run, reference_rate: float) -> dict[str, dict]:
+    """Per fault kind: how many, and kill -> back / kill -> rate back above half, p50/p99 (s)."""
+    times = np.array([t for t, _ in run.applied])
+    done = np.array([n for _, n in run.applied], dtype=np.float64)
+    rates = trailing_rates(times, done, WINDOW_S) if len(times) else np.array([])
+    by_kind: dict[str, dict] = {}
+    for fault in run.faults:
+        fault.rate_at = first_at_or_above(times, rates, fault.at, 0.5 * reference_rate) if len(times) else None
+        entry = by_kind.setdefault(fault.kind, {"count": 0, "back": [], "rate": [], "never_back": 0})
+        entry["count"] += 1
+        if fault.back_at is None:
+            entry["never_back"] += 1
+        else:
+            entry["back"].append(fault.back_at - (fault.resumed_at if fault.kind.startswith("freeze") else fault.at))
+        if fault.rate_at is not None:
+            entry["rate"].append(fault.rate_at - fault.at)
+    return {kind: {"count": e["count"], "never_back": e["never_back"], "back_s": percentiles(e["back"]),
+                   "rate_s": percentiles(e["rate"])} for kind, e in sorted(by_kind.items())}
+
+
+def steady(run: Run, total: int) -> float:
+    """Examples/s between 10% and 90% of the examples applied."""
+    t = np.array([p[0] for p in run.applied])
+    n = np.array([p[1] for p in run.applied], dtype=np.float64)
+    lo, hi = np.interp([0.1 * total, 0.9 * total], n, t)
+    return 0.8 * total / max(hi - lo, 1e-9)
+
+
+def table(report: dict) -> str:
+    lines = [f"{'fault':<16} {'count':>5} {'back p50':>9} {'back p99':>9} {'rate p50':>9} {'rate p99':>9}",
+             "-" * 62]
+    for kind, r in report["chaos"]["recovery"].items():
+        lines.append(f"{kind:<16} {r['count']:>5} {_s(r['back_s']['p50']):>9} {_s(r['back_s']['p99']):>9} "
+                     f"{_s(r['rate_s']['p50']):>9} {_s(r['rate_s']['p99']):>9}")
+    c, f = report["chaos"], report["fault_free"]
+    lines.append("")
+    lines.append(f"fault-free: {f['examples_per_s']} ex/s ({f['steady_examples_per_s']} steady), AUC {f['holdout_auc']:.4f}")
+    lines.append(f"under chaos: {c['examples_per_s']} ex/s, {c['kept']:.0%} of fault-free; AUC {c['holdout_auc']:.4f} "
+                 f"(gap {c['auc_gap']:+.4f}); lost {c['ledger']['lost']}, applied twice {c['ledger']['applied_twice']}, "
+                 f"redone groups dropped {c['ledger']['dropped_groups']}")
+    lines.append("checks: " + ", ".join(f"{k} {'ok' if v else 'FAILED'}" for k, v in report["checks"].items()))
+    return "\n".join(lines)
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} s"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="ci")
+    parser.add_argument("--records", type=int, help="training records (default: the profile's)")
+    parser.add_argument("--holdout", type=int, default=50_000)
+    parser.add_argument("--passes", type=int, help="passes of the job (default: the profile's)")
+    parser.add_argument("--every-s", type=float, help="seconds between faults (default: the profile's)")
+    parser.add_argument("--rounds", type=int, help="faults of each kind (default: the profile's)")
+    parser.add_argument("--faults", nargs="+", choices=PROCESS_FAULTS + SERVICE_FAULTS,
+                        help="fault kinds (default: the profile's)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout-s", type=float, default=7200)
+    parser.add_argument("--out", type=Path, help="also write the JSON report here")
+    args = parser.parse_args()
+    profile = PROFILES[args.profile]
+    records, passes = args.records or profile.records, args.passes or profile.passes
+    every_s, kinds = args.every_s or profile.every_s, tuple(args.faults or profile.faults)
+    started = time.monotonic()
+    work = Workload.make(records, args.holdout)
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        local = LocalServices(home / "services", Ports.free())
+        local.up()
+        try:
+            topic = f"chaos-{time.time_ns() % 10**9}"
+            write_topic(local.endpoints, topic, work.csv_lines())
+            chaos = Chaos(local, home, work, topic, passes)
+            total = records * passes
+            clean = chaos.run(f"chaos-clean-{time.time_ns() % 10**9}", [], every_s, args.timeout_s, args.seed)
+            clean_steady = steady(clean, total)
+            print(f"fault-free: {total / clean.wall_s:.0f} ex/s, AUC {clean.auc['holdout_auc']}", file=sys.stderr)
+            faults = schedule(kinds, len(kinds) * (args.rounds or profile.rounds), args.seed)
+            hit = chaos.run(f"chaos-{time.time_ns() % 10**9}", faults, every_s, args.timeout_s, args.seed)
+        finally:
+            local.down()
+    want = expected_counts(records, topic, passes)
+    books = ledger(hit.stats, want)
+    gap = hit.auc["holdout_auc"] - clean.auc["holdout_auc"]
+    report = {
+        "profile": args.profile, "records": records, "passes": passes, "every_s": every_s, "seed": args.seed,
+        "fault_free": {"wall_s": round(clean.wall_s, 1), "examples_per_s": round(total / clean.wall_s),
+                       "steady_examples_per_s": round(clean_steady), **clean.auc,
+                       "ledger": ledger(clean.stats, want)},
+        "chaos": {"wall_s": round(hit.wall_s, 1), "examples_per_s": round(total / hit.wall_s),
+                  "kept": round(clean.wall_s / hit.wall_s, 3), "faults": len(hit.faults),
+                  "recovery": recovery(hit, clean_steady), "restarts": hit.restarts, "ledger": books,
+                  **hit.auc, "auc_gap": round(gap, 4)},
+        "elapsed_s": round(time.monotonic() - started),
+    }
+    report["checks"] = {
+        "every fault injected": len(hit.faults) == len(faults),
+        "none lost": books["lost"] == 0,
+        "none applied twice": books["applied_twice"] == 0,
+        f"AUC within {AUC_TOLERANCE}": abs(gap) <= AUC_TOLERANCE,
+    }
+    print(table(report))
+    print(json.dumps(report, indent=2))
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    if not all(report["checks"].values()):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""The chaos harness's decisions (bench/chaos.py): its schedule, its recovery times, its ledger."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bench.chaos import Fault, Run, expected_counts, first_at_or_above, ledger, recovery, schedule, trailing_rates
+
+
+def test_a_schedule_brings_up_every_kind_once_a_round_in_a_seeded_order() -> None:
+    kinds = ("trainer", "shard", "kafka")
+    faults = schedule(kinds, 9, seed=3)
+    assert [sorted(faults[i:i + 3]) for i in range(0, 9, 3)] == [sorted(kinds)] * 3
+    assert faults == schedule(kinds, 9, seed=3)
+    assert len({tuple(schedule(kinds, 9, seed)) for seed in range(10)}) > 1
+
+
+def test_trailing_rates_are_zero_until_a_window_has_passed() -> None:
+    times = np.array([0.0, 1.0, 2.0, 3.0, 4.0])
+    done = np.array([0.0, 10.0, 20.0, 20.0, 40.0])
+    assert trailing_rates(times, done, 2.0).tolist() == [0.0, 0.0, 10.0, 5.0, 10.0]
+
+
+def test_the_rate_is_back_at_the_end_of_the_first_window_after_the_fault_at_the_threshold() -> None:
+    times = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    rates = np.array([9.0, 9.0, 1.0, 4.0, 6.0])
+    assert first_at_or_above(times, rates, after=1.5, threshold=5.0, window_s=2.0) == 5.0
+    assert first_at_or_above(times, rates, after=0.5, threshold=5.0, window_s=1.0) == 2.0
+    assert first_at_or_above(times, rates, after=4.0, threshold=5.0, window_s=2.0) is None
+
+
+def test_the_ledger_counts_examples_lost_and_applied_twice_per_shard_and_partition() -> None:
+    want = expected_counts(5, "t", passes=2)
+    assert want == {"t:0": 6, "t:1": 4}
+    stats = [{"examples_by_partition": {"t:0": 6, "t:1": 4}, "dropped": 3},
+             {"examples_by_partition": {"t:0": 5, "t:1": 5}, "dropped": 1}]
+    assert ledger(stats, want) == {"lost": 1, "applied_twice": 1, "dropped_groups": 4, "bad": 0}
+
+
+def test_recovery_counts_a_freeze_from_its_resume_and_a_kill_from_the_kill() -> None:
+    applied = [(t, int(t * 100)) for t in np.arange(0.0, 20.0, 0.5)]
+    run = Run("job", 20.0, applied, [
+        Fault("trainer", "t0", at=5.0, mark_kind="trainer", back_at=8.0),
+        Fault("freeze trainer", "t1", at=6.0, mark_kind="trainer", resumed_at=9.0, back_at=9.5),
+        Fault("shard", "0", at=7.0, mark_kind="shard"),
+    ])
+    out = recovery(run, reference_rate=100.0)
+    assert out["trainer"]["back_s"]["p50"] == 3.0
+    assert out["freeze trainer"]["back_s"]["p50"] == 0.5
+    assert out["shard"]["never_back"] == 1 and out["shard"]["back_s"]["p50"] is None
+    assert out["trainer"]["rate_s"]["p50"] == 2.0  # the rate never fell: one window after
