@@ -17,6 +17,7 @@ from pyetcd import transactions as tx
 
 from master.errors import CoordinationError, NotLeaderError
 from master.etcd import Compare, Etcd, Lease, absent, create_revision_is, put_op
+from master.predecessors import remove_if_gone
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,10 @@ class LeaderLock:
                 waited = True
             # Polling, not a watch: a watch must be re-established after every etcd hiccup,
             # and a quarter of the TTL is well inside the takeover promise.
-            while not stop.is_set() and self._etcd.get(self.key) is not None:
+            # A holder known dead (a process of this machine that no longer runs) is not
+            # waited out: it cannot write again.
+            while not stop.is_set() and self._etcd.get(self.key) is not None and \
+                    not remove_if_gone(self._etcd, self.key):
                 stop.wait(max(self.ttl_s / 4, 0.1))
         return False
 

@@ -2,7 +2,8 @@
 
 A pserver takes the first free index below `ps_desired` by transaction (the seeds' scheme):
 two shards starting at once can never both get index 0, and a restarted shard gets its index
-back as soon as its old lease has expired.
+back as soon as its old lease has expired, or at once when the old holder is known dead
+(a process of this machine that no longer runs: master/predecessors.py).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from master.config import JobConfig
 from master.errors import MasterError, NoFreeIndexError
 from master.etcd import Etcd, Lease, absent, put_op
+from master.predecessors import remove_if_gone, this_machine
 from schemas import EtcdKeys
 
 
@@ -46,8 +47,7 @@ def wait_for_job_config(etcd: Etcd, job: str, stop: threading.Event, log: loggin
 
 
 def _member_info(extra: dict[str, object]) -> bytes:
-    return json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                       "since": time.time(), **extra}).encode()
+    return json.dumps({**this_machine(), "pid": os.getpid(), "since": time.time(), **extra}).encode()
 
 
 def register_trainer(etcd: Etcd, job: str, trainer_id: str, ttl_s: int = 10) -> Lease:
@@ -69,12 +69,15 @@ def register_pserver(etcd: Etcd, job: str, address: str, ttl_s: int = 10,
         if index is not None and not 0 <= index < desired:
             raise NoFreeIndexError(f"pserver index {index} is outside job {job!r}'s {desired} shards")
         lease = etcd.lease(ttl_s)
-        for candidate in ([index] if index is not None else range(desired)):
+        candidates = [index] if index is not None else list(range(desired))
+        for candidate in candidates:
             ok, _ = etcd.txn([absent(keys.ps(candidate))],
                              [put_op(keys.ps(candidate), _member_info({"index": candidate, "address": address}), lease)])
             if ok:
                 return candidate, lease.keep_alive()
         lease.revoke()
+        if any([remove_if_gone(etcd, keys.ps(candidate)) for candidate in candidates]):
+            continue  # a predecessor known dead held one: take it now, not after its lease
         if time.monotonic() >= deadline:
             taken = f"pserver index {index} is" if index is not None else f"all {desired} pserver indexes are"
             raise NoFreeIndexError(f"{taken} taken in job {job!r}")

@@ -23,6 +23,7 @@ from master.etcd import (MAX_TXN_OPS, Entry, Etcd, Op, absent, delete_op, delete
                          nested_succeeded, put_op, txn_op)
 from master.leader import LeaderLock
 from master.offsets import InputOffsets, InputUnavailableError, Partition
+from master.predecessors import this_machine
 from pserver.sharding import SlotMap
 from schemas import EtcdKeys, PartitionCursor, SchemaError, TaskRecord
 from streamtrain.observability import MasterMetrics
@@ -51,7 +52,7 @@ class Master:
         self.identity = identity or f"{socket.gethostname()}:{os.getpid()}"
         self.lock = LeaderLock(
             etcd, self.keys.master_lock, config.master.lock_ttl_s,
-            json.dumps({"master": self.identity, "pid": os.getpid()}).encode(),
+            json.dumps({"master": self.identity, "pid": os.getpid(), **this_machine()}).encode(),
         )
         self.offsets = InputOffsets(endpoints)
         self.clock = clock

@@ -323,3 +323,47 @@ def test_membership_trainers_and_pserver_indexes(services, unique, topic_factory
     assert members(etcd, config.name).trainers == {}
     lease1.revoke()
     etcd.close()
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def _held_by(etcd: Etcd, key: str, pid: int) -> None:
+    from master.etcd import put_op
+    from master.predecessors import this_machine
+
+    lease = etcd.lease(30)
+    etcd.txn([], [put_op(key, json.dumps({**this_machine(), "pid": pid}).encode(), lease)])
+
+
+def test_a_key_whose_holder_is_a_dead_process_of_this_machine_is_taken_at_once(services, unique) -> None:
+    """A restarted shard or master does not wait out its killed predecessor's 30 s lease; one
+    whose predecessor still runs (here: frozen, say) does."""
+    from master.errors import NoFreeIndexError
+    from master.leader import LeaderLock
+
+    job = unique("successor")
+    keys = EtcdKeys(job)
+    etcd = Etcd.connect(services)
+    etcd.put(keys.ps_desired, b"1")
+    _held_by(etcd, keys.ps(0), _dead_pid())
+    began = time.monotonic()
+    index, lease = register_pserver(etcd, job, "127.0.0.1:1", wait_s=5, index=0)
+    assert index == 0 and time.monotonic() - began < 3
+    lease.revoke()
+
+    _held_by(etcd, keys.ps(0), os.getppid())  # alive
+    with pytest.raises(NoFreeIndexError):
+        register_pserver(etcd, job, "127.0.0.1:1", wait_s=1, index=0)
+
+    _held_by(etcd, keys.master_lock, _dead_pid())
+    lock = LeaderLock(etcd, keys.master_lock, 10, b'{"master": "next"}')
+    import threading
+
+    began = time.monotonic()
+    assert lock.acquire(threading.Event()) and time.monotonic() - began < 5
+    lock.release()
+    etcd.close()
