@@ -25,7 +25,8 @@ over a 2 s window wholly after the kill back above half the fault-free rate (so 
 
 Checked at the end, by ledger: the job finished its passes; each shard applied exactly the
 records of each partition once per pass (none lost, none twice: the shards' dedup ledger drops
-every redone group, reported as `dropped`); holdout AUC within 0.005 of the fault-free run.
+every redone group, reported as `dropped`); holdout AUC no more than 0.01 below the fault-free
+run's (two fault-free runs of this job differ by about 0.004, one standard deviation).
 Exits 1 if a check fails.
 """
 
@@ -60,7 +61,10 @@ from trainer.scoring import Scorer
 PROCESS_FAULTS = ("trainer", "loader", "shard", "master", "freeze")
 SERVICE_FAULTS = ("kafka", "etcd", "redis")
 SHARDS, TRAINERS = 2, 2
-AUC_TOLERANCE = 0.005
+# Below the fault-free run's AUC. Single 1M-record runs of this job at its defaults scored
+# 0.7532-0.7626 (bench/RESULTS.md, session 20): the difference of two runs has a standard
+# deviation of about 0.004, so 0.005 would fail one faultless pair in ten.
+AUC_TOLERANCE = 0.01
 WINDOW_S = 2.0  # the applied rate is measured over this trailing window
 SAMPLE_S = 0.2
 SERVICE_DOWN_S = 2.0
@@ -79,7 +83,7 @@ class Profile:
 
 PROFILES = {
     # Every kind once, in under 5 minutes here.
-    "ci": Profile(1_500_000, 1, 2.5, 1),
+    "ci": Profile(2_000_000, 1, 2.0, 1),
     # Every kind 100 times, a fault every 3 s (a freeze lasts past a lease, a service restart
     # until it answers): about an hour and a half of chaos, after the fault-free run.
     "full": Profile(500_000, 150, 3.0, 100),
@@ -117,17 +121,46 @@ def percentiles(values: list[float]) -> dict[str, float | None]:
             "max": round(max(values), 1)}
 
 
+def is_back(fault: Fault, mark: object) -> bool:
+    """Whether `mark`, the target's progress mark now (`Probe.mark`), says it works again: a
+    trainer has published a push made after its successor started (or it was thawed); a
+    shard wrote its stats, serving, after the fault, from another process than the one killed;
+    a master holds the lock anew."""
+    if mark is _UNKNOWN:
+        return False
+    if fault.mark_kind == "shard":
+        return bool(mark.get("serving")) and mark.get("at", 0) > fault.resumed_at and \
+            (fault.frozen or mark.get("pid") != fault.pid)
+    if fault.before is _UNKNOWN or fault.before is _PENDING:
+        return False
+    if fault.mark_kind == "trainer":
+        return mark > fault.before
+    return mark is not None and mark != fault.before
+
+
+_UNKNOWN = object()  # a mark not readable now (a service away)
+_PENDING = object()  # a mark not taken yet (the successor is not running)
+
+
 # -------------------------------------------------------------------------- watching the job
 @dataclass
 class Fault:
+    """One fault and when its target was back. Times are epoch seconds (the shards' stats say
+    when they were written in those)."""
+
     kind: str  # a --faults kind; a freeze is named with what it froze ("freeze shard")
     target: str  # trainer id, shard index, "master" or the service
-    at: float  # monotonic
-    mark_kind: str = ""  # what kind of progress says the target is back
-    resumed_at: float | None = None  # a freeze's SIGCONT, a service's restart
-    before: object = None  # the target's progress mark when hit
+    at: float
+    pid: int = 0  # the process hit
+    mark_kind: str = ""  # whose progress says the target is back: trainer, shard or master
+    resumed_at: float | None = None  # a freeze's SIGCONT; a kill's is its kill
+    before: object = None  # the target's progress mark once its successor runs (_PENDING before)
     back_at: float | None = None
     rate_at: float | None = None
+
+    @property
+    def frozen(self) -> bool:
+        return self.kind.startswith("freeze")
 
 
 class Probe:
@@ -154,29 +187,25 @@ class Probe:
         return [json.loads(self._redis.get(self.redis_keys.stats(s)) or b"{}") for s in range(SHARDS)]
 
     def mark(self, kind: str, target: str) -> object:
-        """The target's progress mark: it is back once this changes."""
+        """The target's progress mark (_UNKNOWN: not readable now). A trainer: the newest of its
+        pushes the shards have published; a master: the create revision of the job's lock (a
+        master that takes it again, even under the same identity, holds it anew); a shard:
+        its stats (pid, serving, written at)."""
         try:
-            if kind in ("trainer", "loader"):
+            if kind == "trainer":
                 raw = self._redis.mget([self.redis_keys.applied(s) for s in range(SHARDS)])
-                return max((json.loads(r).get(target, -1) for r in raw if r), default=-1)
+                if not all(raw):  # Redis restarted empty: until the shards publish again
+                    return _UNKNOWN
+                return max(json.loads(r).get(target, -1) for r in raw)
             if kind == "shard":
-                return self._redis.get(self.redis_keys.version(int(target)))
+                raw = self._redis.get(self.redis_keys.stats(int(target)))
+                return json.loads(raw) if raw else _UNKNOWN
             if kind == "master":
-                # Its create revision: a master that takes the lock again, even under the
-                # same identity, holds it anew.
                 entry = self._etcd_client().get(self.etcd_keys.master_lock)
                 return entry.create_revision if entry else None
         except Exception:  # noqa: BLE001  a service away
             return _UNKNOWN
-        return None
-
-    def back(self, fault: Fault) -> bool:
-        now = self.mark(fault.mark_kind, fault.target)
-        if now is _UNKNOWN or fault.before is _UNKNOWN:
-            return False
-        if fault.mark_kind in ("trainer", "loader"):
-            return now > fault.before
-        return now is not None and now != fault.before
+        raise ValueError(kind)
 
     def finished(self) -> bool:
         try:
@@ -196,9 +225,6 @@ class Probe:
             self._etcd.close()
 
 
-_UNKNOWN = object()
-
-
 @dataclass
 class Run:
     name: str
@@ -208,6 +234,7 @@ class Run:
     stats: list[dict] = field(default_factory=list)
     auc: dict = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
+    killed_at_stop: list[str] = field(default_factory=list)  # stopped by SIGKILL: maybe not flushed
 
 
 class Chaos:
@@ -224,26 +251,28 @@ class Chaos:
         config = JobConfig.from_toml(job_file.read_text())
         env = {"STREAMTRAIN_KAFKA": self.endpoints.kafka, "STREAMTRAIN_ETCD": self.endpoints.etcd,
                "STREAMTRAIN_REDIS": self.endpoints.redis}
-        sup = Supervisor(env, self.home / "logs" / name)
+        sup = Supervisor(env, self.home / "logs" / name, grace_s=30)
         sup.add("master", ["master", "--job", str(job_file)])
         for i in range(SHARDS):
             sup.add(f"shard-{i}", ["pserver", "--job", name, "--index", str(i)])
         for i in range(TRAINERS):
             sup.add(f"trainer-t{i}", ["trainer", "--job", name, "--id", f"t{i}"])
         probe = Probe(self.endpoints, name)
-        rng = random.Random(seed)
-        began = time.monotonic()
+        began = time.time()
         applied: list[tuple[float, int]] = []
         faults: list[Fault] = []
         pending = list(kinds)
         next_fault: float | None = None
-        frozen: list[tuple[float, int, Fault]] = []  # (SIGCONT at, pid, fault)
+        frozen: list[tuple[float, Fault]] = []  # (SIGCONT at, fault)
         restarting: list[threading.Thread] = []
+        self._restart_errors: list[BaseException] = []
         try:
             while True:
-                now = time.monotonic()
+                now = time.time()
                 if now - began > timeout_s:
                     raise RuntimeError(f"{name}: not finished after {timeout_s:.0f} s; logs in {sup.log_dir}")
+                if self._restart_errors:
+                    raise RuntimeError("a service did not come back") from self._restart_errors[0]
                 for _ in sup.poll():
                     pass
                 done = probe.applied()
@@ -251,16 +280,17 @@ class Chaos:
                     applied.append((now, done))
                 if next_fault is None and done:  # training under way: the schedule starts
                     next_fault = now + every_s
-                for fault in faults:
-                    if fault.back_at is None and (fault.resumed_at or fault.at) <= now and \
-                            fault.kind not in SERVICE_FAULTS and probe.back(fault):
-                        fault.back_at = now
                 for due in [f for f in frozen if f[0] <= now]:
-                    _signal(due[1], signal.SIGCONT)
-                    due[2].resumed_at = time.monotonic()
+                    _signal(due[1].pid, signal.SIGCONT)
+                    due[1].resumed_at = time.time()
                     frozen.remove(due)
+                for fault in faults:
+                    if fault.back_at is None and fault.mark_kind and fault.resumed_at is not None:
+                        self._watch(fault, sup, probe)
                 if pending and next_fault is not None and now >= next_fault and not frozen and \
                         not any(t.is_alive() for t in restarting):
+                    # Seeded by the fault's place: a retry picks the same target.
+                    rng = random.Random(f"{seed}:{len(faults)}")
                     fault = self._inject(pending[0], sup, probe, rng, frozen, restarting)
                     if fault is None:  # its target is restarting: again in a moment
                         next_fault = now + 0.5
@@ -271,45 +301,70 @@ class Chaos:
                 if not frozen and not any(t.is_alive() for t in restarting) and probe.finished():
                     break
                 time.sleep(SAMPLE_S)
-            wall = time.monotonic() - began
+            wall = time.time() - began
             for _ in range(int(30 / SAMPLE_S)):  # the shards' stats of the last examples
                 if probe.applied() == len(self.work.train.clicked) * self.passes:
                     break
                 time.sleep(SAMPLE_S)
             stats = probe.stats()
             slot_map = SlotMap.from_json(probe._etcd_client().get(EtcdKeys(name).slots).value)
-            sup.stop()  # a stopping shard flushes its rows to their keys
+            killed = sup.stop()  # a stopping shard flushes its rows to their keys
             redis_conn = redis_client(self.endpoints)
             try:
                 scores = Scorer(config, redis_conn, slot_map).score(examples(self.work.model, self.work.holdout))
             finally:
                 redis_conn.close()
-            return Run(name, wall, applied, faults, stats, quality(self.work, scores), sup.restarts)
+            return Run(name, wall, applied, faults, stats, quality(self.work, scores), sup.restarts, killed)
         finally:
-            for _, pid, _ in frozen:
-                _signal(pid, signal.SIGCONT)
+            for _, fault in frozen:
+                _signal(fault.pid, signal.SIGCONT)
             for thread in restarting:
                 thread.join(120)
             sup.stop()
             probe.close()
 
+    def _watch(self, fault: Fault, sup: Supervisor, probe: Probe) -> None:
+        """Take the target's mark once its successor runs (a thawed process is its own), then
+        see whether it is back."""
+        if fault.before is _PENDING and fault.mark_kind != "shard":
+            if not fault.frozen and not self._successor_runs(fault, sup):
+                return
+            fault.before = probe.mark(fault.mark_kind, fault.target)
+            if fault.before is _UNKNOWN:
+                fault.before = _PENDING  # again at the next sample
+                return
+        if is_back(fault, probe.mark(fault.mark_kind, fault.target)):
+            fault.back_at = time.time()
+
+    @staticmethod
+    def _successor_runs(fault: Fault, sup: Supervisor) -> bool:
+        if fault.kind == "master":
+            return True  # the lock's revision, read now, is the killed master's or none
+        trainer = sup.children[f"trainer-{fault.target}"].pid
+        if fault.kind == "trainer":
+            return trainer is not None and trainer != fault.pid
+        return trainer is not None and any(pid != fault.pid for pid in children(trainer))  # a loader
+
     def _inject(self, kind: str, sup: Supervisor, probe: Probe, rng: random.Random,
                 frozen: list, restarting: list) -> Fault | None:
-        now = time.monotonic()
+        now = time.time()
         if kind in SERVICE_FAULTS:
             server = self.local.servers[kind]
             pid = server.pid()
             if pid is None:
                 return None
-            fault = Fault(kind, kind, now)
+            fault = Fault(kind, kind, now, pid)
             _signal(pid, signal.SIGKILL)
 
             def restart() -> None:
-                while pid_alive(pid):
-                    time.sleep(0.05)
-                time.sleep(SERVICE_DOWN_S)
-                server.start()
-                fault.resumed_at = fault.back_at = time.monotonic()
+                try:
+                    while pid_alive(pid):
+                        time.sleep(0.05)
+                    time.sleep(SERVICE_DOWN_S)
+                    server.start()
+                    fault.resumed_at = fault.back_at = time.time()
+                except BaseException as exc:  # raised by the main loop
+                    self._restart_errors.append(exc)
 
             thread = threading.Thread(target=restart, daemon=True)
             thread.start()
@@ -320,8 +375,7 @@ class Chaos:
         elif kind == "loader":
             child = sup.children[f"trainer-t{rng.randrange(TRAINERS)}"]
         else:
-            names = [n for n in sorted(sup.children) if n.startswith(kind)]
-            child = sup.children[rng.choice(names)]
+            child = sup.children[rng.choice([n for n in sorted(sup.children) if n.startswith(kind)])]
         pid = child.pid
         if pid is None:
             return None
@@ -332,14 +386,13 @@ class Chaos:
             if not loaders:
                 return None
             pid = loaders[0]
-        mark_kind = target_kind if kind == "freeze" else kind
-        fault = Fault(f"freeze {target_kind}" if kind == "freeze" else kind, target, now, mark_kind,
-                      before=probe.mark(mark_kind, target))
+        fault = Fault(f"freeze {target_kind}" if kind == "freeze" else kind, target, now, pid, target_kind,
+                      before=_PENDING)
         if kind == "freeze":
             _signal(pid, signal.SIGSTOP)
-            frozen.append((now + LEASE_S + FREEZE_PAST_LEASE_S, pid, fault))
-            fault.resumed_at = now + LEASE_S + FREEZE_PAST_LEASE_S
+            frozen.append((now + LEASE_S + FREEZE_PAST_LEASE_S, fault))
         else:
+            fault.resumed_at = now
             _signal(pid, signal.SIGKILL)
         return fault
 
@@ -377,16 +430,19 @@ def recovery(run: Run, reference_rate: float) -> dict[str, dict]:
     by_kind: dict[str, dict] = {}
     for fault in run.faults:
         fault.rate_at = first_at_or_above(times, rates, fault.at, 0.5 * reference_rate) if len(times) else None
-        entry = by_kind.setdefault(fault.kind, {"count": 0, "back": [], "rate": [], "never_back": 0})
+        entry = by_kind.setdefault(fault.kind, {"count": 0, "back": [], "rate": [], "never_back": 0, "rate_never": 0})
         entry["count"] += 1
         if fault.back_at is None:
             entry["never_back"] += 1
         else:
-            entry["back"].append(fault.back_at - (fault.resumed_at if fault.kind.startswith("freeze") else fault.at))
-        if fault.rate_at is not None:
+            entry["back"].append(fault.back_at - (fault.resumed_at if fault.frozen else fault.at))
+        if fault.rate_at is None:
+            entry["rate_never"] += 1
+        else:
             entry["rate"].append(fault.rate_at - fault.at)
-    return {kind: {"count": e["count"], "never_back": e["never_back"], "back_s": percentiles(e["back"]),
-                   "rate_s": percentiles(e["rate"])} for kind, e in sorted(by_kind.items())}
+    return {kind: {"count": e["count"], "never_back": e["never_back"], "rate_never": e["rate_never"],
+                   "back_s": percentiles(e["back"]), "rate_s": percentiles(e["rate"])}
+            for kind, e in sorted(by_kind.items())}
 
 
 def steady(run: Run, total: int) -> float:
@@ -439,6 +495,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         local = LocalServices(home / "services", Ports.free())
+        if local.endpoints.external:
+            raise SystemExit(f"bench.chaos kills its own services: unset STREAMTRAIN_"
+                             f"{'/'.join(sorted(local.endpoints.external)).upper()}")
         local.up()
         try:
             topic = f"chaos-{time.time_ns() % 10**9}"
@@ -463,6 +522,7 @@ def main() -> None:
         "chaos": {"wall_s": round(hit.wall_s, 1), "examples_per_s": round(total / hit.wall_s),
                   "kept": round(clean.wall_s / hit.wall_s, 3), "faults": len(hit.faults),
                   "recovery": recovery(hit, clean_steady), "restarts": hit.restarts, "ledger": books,
+                  "killed_at_stop": hit.killed_at_stop,
                   **hit.auc, "auc_gap": round(gap, 4)},
         "elapsed_s": round(time.monotonic() - started),
     }
@@ -470,7 +530,7 @@ def main() -> None:
         "every fault injected": len(hit.faults) == len(faults),
         "none lost": books["lost"] == 0,
         "none applied twice": books["applied_twice"] == 0,
-        f"AUC within {AUC_TOLERANCE}": abs(gap) <= AUC_TOLERANCE,
+        f"AUC at most {AUC_TOLERANCE} below": gap >= -AUC_TOLERANCE,
     }
     print(table(report))
     print(json.dumps(report, indent=2))

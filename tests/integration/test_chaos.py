@@ -1,11 +1,12 @@
 """`make chaos`'s CI profile (bench/chaos.py, issue 16): a job under kills of every process
 kind, a freeze past a lease and kills of Kafka, etcd and Redis loses no example, applies none
-twice and ends within 0.005 AUC of the same job without faults. It starts its own services
+twice and ends no more than 0.01 AUC below the same job without faults. It starts its own services
 (it kills them), so it runs as the harness does, in a process of its own."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,8 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_ci_chaos_profile_holds_its_ledger_and_quality(tmp_path) -> None:
     out = tmp_path / "chaos.json"
-    done = subprocess.run([sys.executable, "-m", "bench.chaos", "--profile", "ci", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    env = {k: v for k, v in os.environ.items() if k not in ("STREAMTRAIN_KAFKA", "STREAMTRAIN_ETCD", "STREAMTRAIN_REDIS")}
+    done = subprocess.run([sys.executable, "-m", "bench.chaos", "--profile", "ci", "--timeout-s", "300",
+                           "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert out.exists(), f"no report; exit {done.returncode}:\n{done.stderr[-3000:]}"
     report = json.loads(out.read_text())
     assert all(report["checks"].values()), f"{report['checks']}\n{json.dumps(report['chaos'], indent=1)}"

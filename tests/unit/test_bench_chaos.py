@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.chaos import Fault, Run, expected_counts, first_at_or_above, ledger, recovery, schedule, trailing_rates
+from bench.chaos import (_PENDING, _UNKNOWN, Fault, Run, expected_counts, first_at_or_above, is_back, ledger, recovery,
+                         schedule, trailing_rates)
 
 
 def test_a_schedule_brings_up_every_kind_once_a_round_in_a_seeded_order() -> None:
@@ -48,4 +49,30 @@ def test_recovery_counts_a_freeze_from_its_resume_and_a_kill_from_the_kill() -> 
     assert out["trainer"]["back_s"]["p50"] == 3.0
     assert out["freeze trainer"]["back_s"]["p50"] == 0.5
     assert out["shard"]["never_back"] == 1 and out["shard"]["back_s"]["p50"] is None
+    assert out["shard"]["rate_never"] == 0
     assert out["trainer"]["rate_s"]["p50"] == 2.0  # the rate never fell: one window after
+
+
+def test_a_killed_shard_is_back_when_another_process_serves_and_wrote_its_stats_since() -> None:
+    fault = Fault("shard", "0", at=100.0, pid=7, mark_kind="shard", resumed_at=100.0, before=_PENDING)
+    assert not is_back(fault, {"pid": 7, "serving": True, "at": 101.0})  # the killed one's last words
+    assert not is_back(fault, {"pid": 8, "serving": False, "at": 101.0})  # still replaying
+    assert not is_back(fault, {"pid": 8, "serving": True, "at": 99.0})
+    assert not is_back(fault, _UNKNOWN)
+    assert is_back(fault, {"pid": 8, "serving": True, "at": 101.0})
+    thawed = Fault("freeze shard", "0", at=90.0, pid=7, mark_kind="shard", resumed_at=100.0)
+    assert is_back(thawed, {"pid": 7, "serving": True, "at": 101.0})
+
+
+def test_a_trainer_is_back_once_a_push_made_after_its_mark_was_taken_is_published() -> None:
+    fault = Fault("trainer", "t0", at=100.0, pid=7, mark_kind="trainer", resumed_at=100.0, before=_PENDING)
+    assert not is_back(fault, 12)  # no mark taken yet: the successor has not started
+    fault.before = 12
+    assert not is_back(fault, 12) and not is_back(fault, _UNKNOWN)
+    assert is_back(fault, 13)
+
+
+def test_a_master_is_back_when_the_lock_is_held_anew() -> None:
+    fault = Fault("master", "master", at=100.0, pid=7, mark_kind="master", resumed_at=100.0, before=41)
+    assert not is_back(fault, 41) and not is_back(fault, None)
+    assert is_back(fault, 57)
