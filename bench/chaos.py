@@ -228,6 +228,7 @@ class Probe:
 @dataclass
 class Run:
     name: str
+    began: float
     wall_s: float
     applied: list[tuple[float, int]]
     faults: list[Fault] = field(default_factory=list)
@@ -314,7 +315,7 @@ class Chaos:
                 scores = Scorer(config, redis_conn, slot_map).score(examples(self.work.model, self.work.holdout))
             finally:
                 redis_conn.close()
-            return Run(name, wall, applied, faults, stats, quality(self.work, scores), sup.restarts, killed)
+            return Run(name, began, wall, applied, faults, stats, quality(self.work, scores), sup.restarts, killed)
         finally:
             for _, fault in frozen:
                 _signal(fault.pid, signal.SIGCONT)
@@ -445,6 +446,15 @@ def recovery(run: Run, reference_rate: float) -> dict[str, dict]:
             for kind, e in sorted(by_kind.items())}
 
 
+def fault_log(run: Run) -> list[dict]:
+    """Each fault in order: when (s into the run), what, and its two recovery times."""
+    def since(t: float | None, start: float) -> float | None:
+        return None if t is None else round(t - start, 1)
+    return [{"at_s": round(f.at - run.began, 1), "kind": f.kind, "target": f.target,
+             "back_s": since(f.back_at, f.resumed_at if f.frozen and f.resumed_at else f.at),
+             "rate_s": since(f.rate_at, f.at)} for f in run.faults]
+
+
 def steady(run: Run, total: int) -> float:
     """Examples/s between 10% and 90% of the examples applied."""
     t = np.array([p[0] for p in run.applied])
@@ -514,6 +524,7 @@ def main() -> None:
     want = expected_counts(records, topic, passes)
     books = ledger(hit.stats, want)
     gap = hit.auc["holdout_auc"] - clean.auc["holdout_auc"]
+    recovered = recovery(hit, clean_steady)  # times each fault's rate recovery, for the log too
     report = {
         "profile": args.profile, "records": records, "passes": passes, "every_s": every_s, "seed": args.seed,
         "fault_free": {"wall_s": round(clean.wall_s, 1), "examples_per_s": round(total / clean.wall_s),
@@ -521,8 +532,8 @@ def main() -> None:
                        "ledger": ledger(clean.stats, want)},
         "chaos": {"wall_s": round(hit.wall_s, 1), "examples_per_s": round(total / hit.wall_s),
                   "kept": round(clean.wall_s / hit.wall_s, 3), "faults": len(hit.faults),
-                  "recovery": recovery(hit, clean_steady), "restarts": hit.restarts, "ledger": books,
-                  "killed_at_stop": hit.killed_at_stop,
+                  "recovery": recovered, "restarts": hit.restarts, "ledger": books,
+                  "killed_at_stop": hit.killed_at_stop, "fault_log": fault_log(hit),
                   **hit.auc, "auc_gap": round(gap, 4)},
         "elapsed_s": round(time.monotonic() - started),
     }

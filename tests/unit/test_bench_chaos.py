@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.chaos import (_PENDING, _UNKNOWN, Fault, Run, expected_counts, first_at_or_above, is_back, ledger, recovery,
-                         schedule, trailing_rates)
+from bench.chaos import (_PENDING, _UNKNOWN, Fault, Run, expected_counts, fault_log, first_at_or_above, is_back, ledger,
+                         recovery, schedule, trailing_rates)
 
 
 def test_a_schedule_brings_up_every_kind_once_a_round_in_a_seeded_order() -> None:
@@ -40,7 +40,7 @@ def test_the_ledger_counts_examples_lost_and_applied_twice_per_shard_and_partiti
 
 def test_recovery_counts_a_freeze_from_its_resume_and_a_kill_from_the_kill() -> None:
     applied = [(t, int(t * 100)) for t in np.arange(0.0, 20.0, 0.5)]
-    run = Run("job", 20.0, applied, [
+    run = Run("job", 0.0, 20.0, applied, [
         Fault("trainer", "t0", at=5.0, mark_kind="trainer", back_at=8.0),
         Fault("freeze trainer", "t1", at=6.0, mark_kind="trainer", resumed_at=9.0, back_at=9.5),
         Fault("shard", "0", at=7.0, mark_kind="shard"),
@@ -76,3 +76,11 @@ def test_a_master_is_back_when_the_lock_is_held_anew() -> None:
     fault = Fault("master", "master", at=100.0, pid=7, mark_kind="master", resumed_at=100.0, before=41)
     assert not is_back(fault, 41) and not is_back(fault, None)
     assert is_back(fault, 57)
+
+
+def test_the_fault_log_times_each_fault_from_the_run_start() -> None:
+    run = Run("job", 1000.0, 20.0, [], [Fault("shard", "1", at=1005.0, back_at=1008.5, rate_at=1010.0),
+                                       Fault("freeze master", "master", at=1010.0, resumed_at=1023.0)])
+    assert fault_log(run) == [
+        {"at_s": 5.0, "kind": "shard", "target": "1", "back_s": 3.5, "rate_s": 5.0},
+        {"at_s": 10.0, "kind": "freeze master", "target": "master", "back_s": None, "rate_s": None}]
