@@ -2,10 +2,12 @@
 
 A shard restarted under its index, or a master restarted by its supervisor, would otherwise
 wait for its predecessor's lease to end (10 s by default) before it may take the key. When the
-holder ran on this machine (same host name and same boot) and its pid is no longer alive, it
-cannot write again, and its successor may delete its key at once. Anything less certain keeps
-the wait: a holder on another machine, one that wrote no host or boot, a frozen process
-(SIGSTOP: still alive), a pid taken again by another process (looks alive).
+holder ran on this machine (same host name, same boot) in the same pid namespace (so its pid
+means the same process here; containers sharing a host name do not) and its pid is no longer
+alive, it cannot write again, and its successor may delete its key at once. Anything less
+certain keeps the wait: a holder on another machine or in another container, one that wrote no
+host, boot or namespace, a frozen process (SIGSTOP: still alive), a pid taken again by another
+process (looks alive).
 """
 
 from __future__ import annotations
@@ -25,23 +27,28 @@ _BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
 def this_machine() -> dict[str, str]:
-    """What a holder writes of where it runs: host name and boot id ("" where unknown)."""
+    """What a holder writes of where it runs: host name, boot id and pid namespace ("" where
+    unknown)."""
     try:
         with open(_BOOT_ID) as f:
             boot = f.read().strip()
     except OSError:
         boot = ""
-    return {"host": socket.gethostname(), "boot": boot}
+    try:
+        pidns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        pidns = ""
+    return {"host": socket.gethostname(), "boot": boot, "pidns": pidns}
 
 
 def gone(holder: Mapping[str, object], here: Mapping[str, str] | None = None,
          alive: Callable[[int], bool] = pid_alive) -> bool:
-    """Whether `holder` (what the key's holder wrote: host, boot, pid) is a process of this
-    machine that no longer runs."""
+    """Whether `holder` (what the key's holder wrote: `this_machine()` and its pid) is a process
+    of this machine and pid namespace that no longer runs."""
     here = this_machine() if here is None else here
     pid = holder.get("pid")
-    return (bool(here["boot"]) and holder.get("host") == here["host"] and holder.get("boot") == here["boot"]
-            and isinstance(pid, int) and pid > 0 and pid != os.getpid() and not alive(pid))
+    same_place = all(here[k] and holder.get(k) == here[k] for k in ("host", "boot", "pidns"))
+    return same_place and isinstance(pid, int) and pid > 0 and pid != os.getpid() and not alive(pid)
 
 
 def remove_if_gone(etcd: Etcd, key: str) -> bool:

@@ -6,11 +6,11 @@ import os
 
 from master.predecessors import gone
 
-HERE = {"host": "node-1", "boot": "b-1"}
+HERE = {"host": "node-1", "boot": "b-1", "pidns": "pid:[4026531836]"}
 
 
 def holder(**kw) -> dict:
-    return {"host": "node-1", "boot": "b-1", "pid": 4242, **kw}
+    return {**HERE, "pid": 4242, **kw}
 
 
 def test_a_holder_of_this_machine_whose_pid_no_longer_runs_is_gone() -> None:
@@ -21,7 +21,8 @@ def test_a_holder_that_still_runs_or_may_is_waited_for() -> None:
     assert not gone(holder(), HERE, alive=lambda pid: True)  # frozen, or its pid reused
     assert not gone(holder(host="node-2"), HERE, alive=lambda pid: False)  # another machine
     assert not gone(holder(boot="b-0"), HERE, alive=lambda pid: False)  # before a reboot
+    assert not gone(holder(pidns="pid:[4026532000]"), HERE, alive=lambda pid: False)  # another container
     assert not gone({"host": "node-1", "pid": 4242}, HERE, alive=lambda pid: False)  # wrote no boot
     assert not gone(holder(pid="4242"), HERE, alive=lambda pid: False)
     assert not gone(holder(pid=os.getpid()), HERE, alive=lambda pid: False)  # this very process
-    assert not gone(holder(boot=""), {"host": "node-1", "boot": ""}, alive=lambda pid: False)
+    assert not gone(holder(boot=""), {**HERE, "boot": ""}, alive=lambda pid: False)
