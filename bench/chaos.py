@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.e2e import MODELS, Workload, children, examples, job_toml, quality
+from bench.e2e import MODELS, Workload, children, examples, job_toml, quality, steady_rate
 from bench.trainer_throughput import write_topic
 from infra import Endpoints, LocalServices, Ports
 from infra.clients import redis_client
@@ -456,14 +456,6 @@ def fault_log(run: Run) -> list[dict]:
              "rate_s": since(f.rate_at, f.at)} for f in run.faults]
 
 
-def steady(run: Run, total: int) -> float:
-    """Examples/s between 10% and 90% of the examples applied."""
-    t = np.array([p[0] for p in run.applied])
-    n = np.array([p[1] for p in run.applied], dtype=np.float64)
-    lo, hi = np.interp([0.1 * total, 0.9 * total], n, t)
-    return 0.8 * total / max(hi - lo, 1e-9)
-
-
 def table(report: dict) -> str:
     lines = [f"{'fault':<16} {'count':>5} {'back p50':>9} {'back p99':>9} {'rate p50':>9} {'rate p99':>9}",
              "-" * 62]
@@ -516,7 +508,7 @@ def main() -> None:
             chaos = Chaos(local, home, work, topic, passes)
             total = records * passes
             clean = chaos.run(f"chaos-clean-{time.time_ns() % 10**9}", [], every_s, args.timeout_s, args.seed)
-            clean_steady = steady(clean, total)
+            clean_steady = steady_rate(clean.applied, total)
             print(f"fault-free: {total / clean.wall_s:.0f} ex/s, AUC {clean.auc['holdout_auc']}", file=sys.stderr)
             faults = schedule(kinds, len(kinds) * (args.rounds or profile.rounds), args.seed)
             hit = chaos.run(f"chaos-{time.time_ns() % 10**9}", faults, every_s, args.timeout_s, args.seed)
