@@ -25,8 +25,8 @@ over a 2 s window wholly after the kill back above half the fault-free rate (so 
 
 Checked at the end, by ledger: the job finished its passes; each shard applied exactly the
 records of each partition once per pass (none lost, none twice: the shards' dedup ledger drops
-every redone group, reported as `dropped`); holdout AUC no more than 0.01 below the fault-free
-run's (two fault-free runs of this job differ by about 0.004, one standard deviation).
+every redone group, reported as `dropped`); holdout AUC no more than `AUC_TOLERANCE` below the
+fault-free run's.
 Exits 1 if a check fails.
 """
 
@@ -61,10 +61,11 @@ from trainer.scoring import Scorer
 PROCESS_FAULTS = ("trainer", "loader", "shard", "master", "freeze")
 SERVICE_FAULTS = ("kafka", "etcd", "redis")
 SHARDS, TRAINERS = 2, 2
-# Below the fault-free run's AUC. Single 1M-record runs of this job at its defaults scored
-# 0.7532-0.7626 (bench/RESULTS.md, session 20): the difference of two runs has a standard
-# deviation of about 0.004, so 0.005 would fail one faultless pair in ten.
-AUC_TOLERANCE = 0.01
+# Below the fault-free run's AUC. The gap between a run with faults and one without moves by
+# about 0.006 (one standard deviation) from pair to pair: the CI profile's gaps were -0.0065 to
+# +0.0053 and once below -0.01 (bench/RESULTS.md), and two fault-free runs alone differ by about
+# 0.004. A bound of 0.01 failed about one correct run in ten; 0.02 is over three deviations.
+AUC_TOLERANCE = 0.02
 WINDOW_S = 2.0  # the applied rate is measured over this trailing window
 SAMPLE_S = 0.2
 SERVICE_DOWN_S = 2.0
