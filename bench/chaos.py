@@ -50,10 +50,10 @@ from bench.e2e import MODELS, Workload, children, examples, job_toml, quality, s
 from bench.trainer_throughput import write_topic
 from infra import Endpoints, LocalServices, Ports
 from infra.clients import redis_client
-from master.config import JobConfig
-from master.errors import CoordinationError
-from master.etcd import Etcd
-from pserver.sharding import SlotMap
+from jobstate.config import JobConfig
+from jobstate.errors import CoordinationError
+from jobstate.etcd import Etcd
+from jobstate.sharding import SlotMap
 from schemas import EtcdKeys, RedisKeys
 from streamtrain.supervisor import Supervisor, pid_alive
 from trainer.scoring import Scorer

@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from bench.e2e import Workload
-from master.config import JobConfig
+from jobstate.config import JobConfig
 from trainer.decoders import ChunkDecoder
 
 

@@ -48,13 +48,13 @@ import torch.nn.functional as F
 from confluent_kafka import Producer
 from torch import nn
 
+from bench.trainer_throughput import cpu_seconds, write_topic
 from infra import Endpoints, LocalServices, Ports
 from infra.clients import TopicSpec, ensure_topics, redis_client
-from master.config import JobConfig
-from master.etcd import Etcd
+from jobstate.config import JobConfig
+from jobstate.etcd import Etcd
+from jobstate.sharding import SlotMap
 from producers.clickmodel import ClickModel, ClickModelConfig, ImpressionColumns, auc
-from bench.trainer_throughput import cpu_seconds, write_topic
-from pserver.sharding import SlotMap
 from schemas import EtcdKeys, Example, RedisKeys
 from trainer.features import Featurizer
 from trainer.params import RowLayout

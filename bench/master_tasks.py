@@ -26,10 +26,10 @@ from confluent_kafka import Producer
 
 from infra import Endpoints, LocalServices, Ports
 from infra.clients import TopicSpec, ensure_topics
-from master.config import JobConfig
-from master.etcd import Etcd, absent, put_op
+from jobstate.config import JobConfig
+from jobstate.etcd import Etcd, absent, put_op
+from jobstate.tasks import TaskClient
 from master.service import Master
-from master.tasks import TaskClient
 from schemas import EtcdKeys
 
 

@@ -20,9 +20,10 @@ import redis
 
 from infra.endpoints import Ports
 from infra.redis_server import RedisServer
-from pserver.optimizers import SGD
-from pserver.serving import ParamClient, Publisher
-from pserver.sharding import SlotMap
+from jobstate.optimizers import SGD
+from jobstate.paramstore import ParamClient
+from jobstate.sharding import SlotMap
+from pserver.publisher import Publisher
 from pserver.state import Changes, ShardState
 from schemas import RedisKeys
 

@@ -35,10 +35,10 @@ import redis
 
 from infra.endpoints import Ports
 from infra.redis_server import RedisServer
+from jobstate.optimizers import Adagrad
+from jobstate.rows import row_view
 from pserver.dedup import Dedup
-from pserver.optimizers import Adagrad
-from pserver.rows import row_view
-from pserver.serving import Publisher
+from pserver.publisher import Publisher
 from pserver.shard import BackgroundPublisher
 from pserver.state import Changes, ShardState
 from schemas import GradientDelta, SparseRows, TaskRecord

@@ -38,8 +38,8 @@ from confluent_kafka import Producer
 
 from infra import Endpoints, LocalServices, Ports
 from infra.clients import TopicSpec, ensure_topics
-from master.config import JobConfig, TasksSection
-from master.etcd import Etcd
+from jobstate.config import JobConfig, TasksSection
+from jobstate.etcd import Etcd
 from producers.clickmodel import ClickModel
 from schemas import EtcdKeys, Example
 from trainer.local import LocalTrainer

@@ -15,9 +15,9 @@ import threading
 
 from pyetcd import transactions as tx
 
-from master.errors import CoordinationError, NotLeaderError
-from master.etcd import Compare, Etcd, Lease, absent, create_revision_is, put_op
-from master.predecessors import remove_if_gone
+from jobstate.errors import CoordinationError, NotLeaderError
+from jobstate.etcd import Compare, Etcd, Lease, absent, create_revision_is, put_op
+from jobstate.predecessors import remove_if_gone
 
 log = logging.getLogger(__name__)
 

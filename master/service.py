@@ -16,17 +16,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from infra import Endpoints
+from jobstate import queue
+from jobstate.config import JobConfig
+from jobstate.errors import CoordinationError, NotLeaderError
+from jobstate.etcd import (MAX_TXN_OPS, Entry, Etcd, Op, absent, delete_op, delete_prefix_op, mod_revision_is,
+                           nested_succeeded, put_op, txn_op)
+from jobstate.observability import MasterMetrics
+from jobstate.offsets import InputOffsets, InputUnavailableError, Partition
+from jobstate.predecessors import this_machine
+from jobstate.sharding import SlotMap
 from master import plan
-from master.config import JobConfig
-from master.errors import CoordinationError, NotLeaderError
-from master.etcd import (MAX_TXN_OPS, Entry, Etcd, Op, absent, delete_op, delete_prefix_op, mod_revision_is,
-                         nested_succeeded, put_op, txn_op)
 from master.leader import LeaderLock
-from master.offsets import InputOffsets, InputUnavailableError, Partition
-from master.predecessors import this_machine
-from pserver.sharding import SlotMap
 from schemas import EtcdKeys, PartitionCursor, SchemaError, TaskRecord
-from streamtrain.observability import MasterMetrics
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +167,7 @@ class Master:
         for i in range(0, len(ops), MAX_TXN_OPS - 1):
             self._write(ops[i:i + MAX_TXN_OPS - 1])
         # In rounds, as the slicer writes them, so that claims keep to the order of the input.
-        todo = [t for round_ in plan.rounds_of(readable) for t in round_]
+        todo = [t for round_ in queue.rounds_of(readable) for t in round_]
         for i in range(0, len(todo), MAX_TXN_OPS):
             self._write([put_op(self.keys.task("todo", t.task_id), t.to_json()) for t in todo[i:i + MAX_TXN_OPS]])
         self._write([put_op(self.keys.control("rollback"), json.dumps({**doc, "phase": "shards"}).encode())])
@@ -216,7 +217,7 @@ class Master:
     def _write_rounds(self, rounds: list[list[TaskRecord]], moved: dict[Partition, PartitionCursor],
                       new: list[Partition]) -> None:
         """Rounds in order, as many tasks a transaction as fit: claims take the oldest
-        transaction first and its tasks round by round (`plan.claim_order`). Tasks and the
+        transaction first and its tasks round by round (`queue.claim_order`). Tasks and the
         cursor that covers them go in the same transaction: every offset below a stored cursor
         belongs to exactly one stored task, across any crash."""
         tasks = [t for round_ in rounds for t in round_]
@@ -262,7 +263,7 @@ class Master:
                                                                 now >= seen.deadline, timeout)
             if reason is None:
                 continue
-            state, retried = plan.retry_or_fail(task, self.config.tasks.max_attempts, reason)
+            state, retried = queue.retry_or_fail(task, self.config.tasks.max_attempts, reason)
             applied = self._write_nested(
                 [mod_revision_is(entry.key, entry.mod_revision)],
                 [delete_op(entry.key), put_op(self.keys.task(state, task.task_id), retried.to_json())])

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from streamtrain.signals import stop_on_signals
+from infra.signals import stop_on_signals
 
 produce_app = typer.Typer(help="Write records to Kafka: a synthetic click log, or a file replay.",
                           no_args_is_help=True)

@@ -14,8 +14,8 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import schemas
 from producers.errors import ProducerError
+import schemas
 
 VERSION = 1
 

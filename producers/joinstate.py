@@ -15,8 +15,8 @@ import heapq
 import json
 from dataclasses import dataclass
 
-import schemas
 from producers.clicklog import ImpressionRecord
+import schemas
 
 
 @dataclass(frozen=True)

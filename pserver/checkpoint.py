@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow.fs as pafs
 
+from jobstate.optimizers import UpdateRule
+from jobstate.rows import RowTable
 from pserver.dedup import Dedup
-from pserver.optimizers import UpdateRule
-from pserver.rows import RowTable
 from pserver.state import DenseBlock, ShardState
 from schemas import CheckpointManifest, FileEntry, SchemaError
 

@@ -29,19 +29,19 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 
 from infra import Endpoints
 from infra.clients import TopicSpec, ensure_topics, redis_client
-from master.config import JobConfig
-from master.errors import CoordinationError, MasterError
-from master.etcd import Etcd
-from master.membership import register_pserver, wait_for_job_config
-from master.offsets import InputOffsets, InputUnavailableError
+from jobstate.config import JobConfig
+from jobstate.errors import CoordinationError, MasterError
+from jobstate.etcd import Etcd
+from jobstate.membership import register_pserver, wait_for_job_config
+from jobstate.observability import PserverMetrics
+from jobstate.offsets import InputOffsets, InputUnavailableError
+from jobstate.optimizers import make_rule
+from jobstate.sharding import SlotMap
 from pserver.barrier import StepBarrier
 from pserver.checkpoint import CheckpointStore, new_checkpoint_id
-from pserver.optimizers import make_rule
-from pserver.serving import Publisher, Snapshot
-from pserver.sharding import SlotMap
+from pserver.publisher import Publisher, Snapshot
 from pserver.state import BadDeltaError, Changes, ShardState, newest
 from schemas import DeadLetter, EtcdKeys, GradientDelta, PartitionCursor, RedisKeys, SchemaError, Topics
-from streamtrain.observability import PserverMetrics
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from jobstate.optimizers import UpdateRule
+from jobstate.rows import RowTable
 from pserver.dedup import Dedup
-from pserver.optimizers import UpdateRule
-from pserver.rows import RowTable
 from schemas import GradientDelta, TaskRecord
 
 

@@ -26,7 +26,7 @@ import json
 import time
 from dataclasses import dataclass
 
-from master.etcd import Etcd, delete_op, value_is
+from jobstate.etcd import Etcd, delete_op, value_is
 from schemas import EtcdKeys
 
 
@@ -106,7 +106,7 @@ def request_checkpoint(etcd: Etcd, job: str, wait_s: float = 60.0, poll_s: float
 
 
 def _request(etcd: Etcd, job: str, wait_s: float, poll_s: float, record_job: bool = False) -> Checkpoint:
-    from master.membership import members
+    from jobstate.membership import members
     from pserver.checkpoint import new_checkpoint_id
 
     keys = EtcdKeys(job)

@@ -13,10 +13,10 @@ from rich.table import Table
 
 from infra import Endpoints, InfraError, LocalServices, Ports
 from infra.endpoints import state_home
-from streamtrain.signals import stop_on_signals
+from infra.signals import stop_on_signals
 
 if TYPE_CHECKING:
-    from master.config import JobConfig
+    from jobstate.config import JobConfig
 
 app = typer.Typer(
     name="streamtrain",
@@ -123,7 +123,7 @@ MetricsPortOpt = Annotated[Optional[int], typer.Option(
 
 
 def _serve_metrics(port: int | None, process: str) -> None:
-    from streamtrain.observability import serve_metrics
+    from jobstate.observability import serve_metrics
 
     bound = serve_metrics(port or 0)
     logging.getLogger(f"streamtrain.{process}").info("metrics at http://0.0.0.0:%d/metrics", bound)
@@ -144,7 +144,7 @@ def _job_name(job: str) -> str:
 
 
 def _load_config(path: Path) -> JobConfig:
-    from master.config import JobConfig, JobConfigError
+    from jobstate.config import JobConfig, JobConfigError
 
     try:
         return JobConfig.load(path)
@@ -162,8 +162,8 @@ def master_cmd(
 ) -> None:
     """Run the job's master: waits as standby until it holds the lock, then slices and
     dispatches. Exits 3 when it loses the lock (a supervisor restarts it as a standby)."""
-    from master.errors import MasterError, NotLeaderError
-    from master.etcd import Etcd
+    from jobstate.errors import MasterError, NotLeaderError
+    from jobstate.etcd import Etcd
     from master.service import Master
 
     _setup_logging(verbose)
@@ -200,9 +200,9 @@ def pserver_cmd(
 ) -> None:
     """Run one parameter-server shard: recover from its newest checkpoint, replay its gradient
     topic, then apply and serve. Exits 3 if it loses its lease (a supervisor restarts it)."""
-    from master.errors import MasterError
+    from jobstate.errors import MasterError
+    from jobstate.optimizers import UpdateRuleError
     from pserver.checkpoint import CheckpointError
-    from pserver.optimizers import UpdateRuleError
     from pserver.shard import PserverShard, ShardLostError, ShardOptions
 
     _setup_logging(verbose)
@@ -237,7 +237,7 @@ def trainer_cmd(
 ) -> None:
     """Run a trainer: claim tasks, read exactly their offsets, train, push gradients, until
     stopped. SIGTERM releases the current task cleanly."""
-    from master.errors import MasterError
+    from jobstate.errors import MasterError
     from trainer.worker import Trainer
 
     _setup_logging(verbose)
@@ -278,9 +278,9 @@ def job_status_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the status as JSON.")] = False,
 ) -> None:
     """Queue sizes, cursors against end offsets (lag), members, failed tasks with reasons."""
-    from master.etcd import Etcd
-    from master.offsets import InputOffsets
-    from master.status import job_status
+    from jobstate.etcd import Etcd
+    from jobstate.offsets import InputOffsets
+    from jobstate.status import job_status
 
     endpoints = Endpoints.resolve()
     etcd = Etcd.connect(endpoints)
@@ -369,7 +369,7 @@ def checkpoint_cmd(
 ) -> None:
     """Checkpoint every pserver shard of a running job now; once all have registered it, record
     it as checkpoints/latest and print its id. Exits 1 naming the shards that did not answer."""
-    from master.etcd import Etcd
+    from jobstate.etcd import Etcd
     from streamtrain.checkpoints import CheckpointError, request_checkpoint
 
     etcd = Etcd.connect(Endpoints.resolve())
@@ -392,7 +392,7 @@ def rollback_cmd(
 ) -> None:
     """Return the whole job to a checkpoint: shards load it and skip the gradients since, the
     master requeues the tasks trained since, trainers train them again."""
-    from master.etcd import Etcd
+    from jobstate.etcd import Etcd
     from schemas import EtcdKeys
     from streamtrain.checkpoints import CheckpointError, rollback
 
@@ -423,7 +423,7 @@ def job_check_cmd(
     """Decode a sample of the job's input as its trainers would and show what comes out, so a
     job file can be fixed before training: fields found, ids per record, label rate, bad
     records with their reasons."""
-    from master.offsets import InputOffsets, InputUnavailableError
+    from jobstate.offsets import InputOffsets, InputUnavailableError
     from trainer.check import check_records, sample_ranges
     from trainer.reader import RangeReader
 

@@ -104,7 +104,7 @@ def write_curves(endpoints: Endpoints, job: str, logdir: Path, stop: threading.E
     from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
 
     from infra.clients import TopicSpec, ensure_topics
-    from master.offsets import InputOffsets
+    from jobstate.offsets import InputOffsets
     from schemas import Topics
 
     topic = Topics(job).metrics

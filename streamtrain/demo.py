@@ -26,7 +26,7 @@ from rich.live import Live
 
 from infra import Endpoints, LocalServices
 from infra.endpoints import ENV_ETCD, ENV_KAFKA, ENV_REDIS
-from streamtrain.signals import handle_stop_signals
+from infra.signals import handle_stop_signals
 from streamtrain.supervisor import Supervisor
 
 INPUT_TOPIC = "demo.examples"

@@ -67,10 +67,10 @@ def run_job(endpoints: Endpoints, job_file: Path, config, console: Console, *, l
             trainers: int = 2, stop: threading.Event | None = None) -> JobRunSummary:
     """Run the job until SIGINT/SIGTERM (or `stop` is set). `config` is the loaded job file."""
     from infra.clients import TopicSpec, ensure_topics
+    from infra.signals import handle_stop_signals
     from schemas import Topics
     from streamtrain.demo import _loop_headless
     from streamtrain.live import JobMonitor, headline
-    from streamtrain.signals import handle_stop_signals
     from streamtrain.supervisor import Supervisor, pid_alive
 
     started = time.monotonic()

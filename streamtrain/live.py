@@ -2,7 +2,7 @@
 for the rich live table, `headline` for the one-line headless log).
 
 Sources, all read-only:
-- `master.status.job_status`: task queues, per-partition lag (stable end − trained watermark);
+- `jobstate.status.job_status`: task queues, per-partition lag (stable end − trained watermark);
 - `<job>.metrics` (read_committed, assigned from the beginning): one record per finished task,
   with loss, prequential AUC, examples, timings and the newest event time it trained on;
 - Redis `RedisKeys(job).stats(i)`: each pserver shard's counters (version, deltas, examples
@@ -60,8 +60,8 @@ class JobMonitor:
         from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
         from infra.clients import redis_client
-        from master.etcd import Etcd
-        from master.offsets import InputOffsets
+        from jobstate.etcd import Etcd
+        from jobstate.offsets import InputOffsets
         from schemas import RedisKeys, Topics
 
         self.job = job
@@ -110,7 +110,7 @@ class JobMonitor:
                     self.recent.append(doc)
 
     def sample(self) -> Snapshot:
-        from master.status import job_status
+        from jobstate.status import job_status
 
         now_wall, now = time.time(), time.monotonic()
         snap = Snapshot(elapsed_s=now - self.started)

@@ -46,11 +46,11 @@ class Predictor:
     def connect(cls, endpoints: Endpoints, job: str) -> tuple[Predictor, object]:
         """Returns the predictor and the Redis client it scores through (close it when done)."""
         from infra.clients import redis_client
-        from master.config import JobConfigError
-        from master.errors import MasterError
-        from master.etcd import Etcd
-        from master.membership import read_job_config
-        from pserver.sharding import SlotMap
+        from jobstate.config import JobConfigError
+        from jobstate.errors import MasterError
+        from jobstate.etcd import Etcd
+        from jobstate.membership import read_job_config
+        from jobstate.sharding import SlotMap
         from schemas import EtcdKeys
 
         etcd = Etcd.connect(endpoints)
@@ -108,7 +108,7 @@ class Predictor:
         return example
 
     def _score(self, batch: list[tuple[int, object]]) -> Iterator[Result]:
-        from pserver.serving import ParamsUnavailableError
+        from jobstate.paramstore import ParamsUnavailableError
 
         examples = [item for _, item in batch if not isinstance(item, str)]
         try:

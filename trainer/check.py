@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from master.config import JobConfig
-from master.offsets import Bounds
+from jobstate.config import JobConfig
+from jobstate.offsets import Bounds
 from trainer.decoders import ChunkDecoder, DecodeError, make_decoder
 from trainer.worker import model_spec
 

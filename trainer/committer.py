@@ -26,8 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from master.errors import CoordinationError, TaskLostError
-from master.tasks import ClaimedTask, TaskClient
+from jobstate.errors import CoordinationError, TaskLostError
+from jobstate.tasks import ClaimedTask, TaskClient
 from trainer.delivery import Delivery, DeliveryError, Messages
 from trainer.metrics import TaskMetrics
 

@@ -1,5 +1,5 @@
 """A log's own JSON documents, decoded by the paths the job declares (`input.json_fields`,
-master/json_fields.py, which says what each path may hold).
+jobstate/json_fields.py, which says what each path may hold).
 
 `DeclaredJson` decodes one record and is the reference: what it accepts and the reasons it
 gives are the verdicts. `DeclaredJsonFast` reads a chunk with pyarrow's JSON reader, in C,
@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from master.json_fields import JsonFields, LabelRule
+from jobstate.json_fields import JsonFields, LabelRule
 from schemas import Example
 from trainer.features import Columns
 

@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pv
 import pyarrow.json as pj
 
-from master.config import CsvColumn, InputSection
+from jobstate.config import CsvColumn, InputSection
 from schemas import Example, SchemaError
 from trainer.declared import DeclaredJson, DeclaredJsonFast, object_lines
 from trainer.features import Columns

@@ -17,7 +17,7 @@ from operator import attrgetter, methodcaller
 
 import numpy as np
 
-from pserver.sharding import mix64, name_salt
+from jobstate.sharding import mix64, name_salt
 from schemas import Example
 
 

@@ -30,8 +30,8 @@ from contextlib import closing
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from master.errors import CoordinationError, TaskLostError
-from master.tasks import ClaimedTask
+from jobstate.errors import CoordinationError, TaskLostError
+from jobstate.tasks import ClaimedTask
 
 log = logging.getLogger(__name__)
 

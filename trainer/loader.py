@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from infra import Endpoints
-from master.config import InputSection
+from jobstate.config import InputSection
 from trainer.decoders import ChunkDecoder
 from trainer.features import Batch, Featurizer
 from trainer.reader import RangeReader

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from master.config import JobConfig
-from pserver.rows import initial_rows
+from jobstate.config import JobConfig
+from jobstate.rows import initial_rows
 from schemas import Example
 from trainer.decoders import ChunkDecoder
 from trainer.features import Batch, Featurizer, MiniBatches, pool

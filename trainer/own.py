@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pserver.optimizers import UpdateRule
-from pserver.rows import RowTable
+from jobstate.optimizers import UpdateRule
+from jobstate.rows import RowTable
 
 Block = tuple[str, int]
 

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from pserver.serving import ParamClient, ParamsUnavailableError, PendingPull, Pull
-from pserver.sharding import SlotMap
+from jobstate.paramstore import ParamClient, ParamsUnavailableError, PendingPull, Pull
+from jobstate.sharding import SlotMap
 from schemas import DenseSlice, GradientDelta, SparseRows
 from trainer.own import OwnPushes
 from trainer.replica import RowReplica

@@ -9,9 +9,9 @@ import numpy as np
 import redis
 import torch
 
-from master.config import JobConfig
-from pserver.serving import ParamClient
-from pserver.sharding import SlotMap
+from jobstate.config import JobConfig
+from jobstate.paramstore import ParamClient
+from jobstate.sharding import SlotMap
 from schemas import Example
 from trainer.features import Featurizer, pool
 from trainer.params import DenseLayout, ParamSync, RowLayout

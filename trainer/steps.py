@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import redis
 
-from pserver.serving import ChannelWatch
+from jobstate.paramstore import ChannelWatch
 from schemas import RedisKeys
 from trainer.own import OwnPushes
 
@@ -119,7 +119,7 @@ class InFlight:
 
     `await_applied(timeout_s)` waits up to `timeout_s` for the shards' next publish rounds and
     returns the newest `applied` ({shard: {trainer id: step}}) they announced
-    (`pserver.serving.AppliedWatch.wait`): the trainer sleeps until a round lands instead of
+    (`jobstate.paramstore.AppliedWatch.wait`): the trainer sleeps until a round lands instead of
     polling."""
 
     def __init__(self, limit: int, await_applied: Callable[[float], dict[int, dict[str, int]]],

@@ -28,16 +28,16 @@ import torch
 import torch.nn.functional as F
 from infra import Endpoints
 from infra.clients import TopicSpec, ensure_topics, redis_client
-from master.config import JobConfig
-from master.errors import CoordinationError, MasterError, TaskLostError
-from master.etcd import Etcd
-from master.membership import register_trainer, wait_for_job_config
-from master.tasks import ClaimedTask, TaskClient
-from pserver.optimizers import make_rule
-from pserver.serving import AppliedWatch, ParamClient, ParamsUnavailableError
-from pserver.sharding import SlotMap
+from jobstate.config import JobConfig
+from jobstate.errors import CoordinationError, MasterError, TaskLostError
+from jobstate.etcd import Etcd
+from jobstate.membership import register_trainer, wait_for_job_config
+from jobstate.observability import TrainerMetrics
+from jobstate.optimizers import make_rule
+from jobstate.paramstore import AppliedWatch, ParamClient, ParamsUnavailableError
+from jobstate.sharding import SlotMap
+from jobstate.tasks import ClaimedTask, TaskClient
 from schemas import DeadLetter, EtcdKeys, Topics
-from streamtrain.observability import TrainerMetrics
 from trainer.committer import Committer, Ended
 from trainer.delivery import Delivery, DeliveryError
 from trainer.features import Batch, MiniBatches, pool

@@ -16,11 +16,11 @@ import pytest
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from infra import Endpoints
-from master.config import JobConfig
-from master.errors import TaskLostError
-from master.etcd import Etcd
+from jobstate.config import JobConfig
+from jobstate.errors import TaskLostError
+from jobstate.etcd import Etcd
+from jobstate.tasks import ClaimedTask, TaskClient
 from master.service import Master
-from master.tasks import ClaimedTask, TaskClient
 from schemas import EtcdKeys, PartitionCursor
 from trainer.reader import RangeReader
 
@@ -186,7 +186,7 @@ class MasterProcess(StreamtrainProcess):
 def publish_job(etcd: Etcd, config: JobConfig) -> None:
     """What a master writes first (config, ps_desired, slot map), for tests that run
     pservers or trainers without one."""
-    from pserver.sharding import SlotMap
+    from jobstate.sharding import SlotMap
 
     keys = EtcdKeys(config.name)
     etcd.put(keys.config, config.to_json())

@@ -1,7 +1,7 @@
 """`make chaos`'s CI profile (bench/chaos.py, issue 16): a job under kills of every process
 kind, a freeze past a lease and kills of Kafka, etcd and Redis loses no example, applies none
-twice and ends no more than 0.01 AUC below the same job without faults. It starts its own services
-(it kills them), so it runs as the harness does, in a process of its own."""
+twice and ends no more than 0.02 AUC below the same job without faults (`AUC_TOLERANCE`). It
+starts its own services (it kills them), so it runs as the harness does, in a process of its own."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ def test_the_ci_chaos_profile_holds_its_ledger_and_quality(tmp_path) -> None:
                            "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert out.exists(), f"no report; exit {done.returncode}:\n{done.stderr[-3000:]}"
     report = json.loads(out.read_text())
-    assert all(report["checks"].values()), f"{report['checks']}\n{json.dumps(report['chaos'], indent=1)}"
+    aucs = f"AUC {report['fault_free']['holdout_auc']} fault-free, {report['chaos']['holdout_auc']} under chaos"
+    assert all(report["checks"].values()), f"{report['checks']}; {aucs}\n{json.dumps(report['chaos'], indent=1)}"
     assert report["chaos"]["faults"] == 8
     assert done.returncode == 0, done.stderr[-3000:]

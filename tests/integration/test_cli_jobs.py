@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from conftest import StreamtrainProcess, publish_job, wait_for, write_job_file
 from infra import Endpoints
-from master.etcd import Etcd
+from jobstate.etcd import Etcd
 from master.service import Master
 from pserver.shard import PserverShard, ShardOptions
 from schemas import EtcdKeys, RedisKeys

@@ -8,10 +8,10 @@ from collections import Counter
 import pytest
 from topic_reader import read_topic
 
-import schemas
 from producers.clickmodel import ClickModel, ClickModelConfig
 from producers.sink import KafkaSink
 from producers.synthetic import SyntheticSource, SyntheticSourceConfig
+import schemas
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 

@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 from conftest import (FakeTrainer, assert_exact_cover, cursors, job_config, produce, stable_ends,
                       wait_for)
-from master.errors import TaskLostError
-from master.etcd import Etcd
-from master.membership import members, register_pserver, register_trainer
-from master.tasks import TaskClient
+from jobstate.errors import TaskLostError
+from jobstate.etcd import Etcd
+from jobstate.membership import members, register_pserver, register_trainer
+from jobstate.tasks import TaskClient
 from schemas import EtcdKeys, TaskRecord
 
 pytestmark = pytest.mark.services
@@ -213,8 +213,8 @@ def test_task_claimed_by_a_sigkilled_trainer_process_returns_to_todo_with_attemp
     script = (
         "import sys, time\n"
         "from infra import Endpoints\n"
-        "from master.etcd import Etcd\n"
-        "from master.tasks import TaskClient\n"
+        "from jobstate.etcd import Etcd\n"
+        "from jobstate.tasks import TaskClient\n"
         f"client = TaskClient.for_job(Etcd.connect(Endpoints.resolve()), {config.name!r}, 'victim')\n"
         "print(client.claim().task_id, flush=True)\n"
         "time.sleep(600)\n"
@@ -304,13 +304,13 @@ def test_membership_trainers_and_pserver_indexes(services, unique, topic_factory
     start_master(config)
     keys = EtcdKeys(config.name)
     wait_for(lambda: etcd.get(keys.ps_desired) is not None, 10, "ps_desired")
-    from pserver.sharding import SlotMap
+    from jobstate.sharding import SlotMap
 
     assert SlotMap.from_json(etcd.get(keys.slots).value) == SlotMap.uniform(config.pservers.slots, 2)
     first, lease0 = register_pserver(etcd, config.name, "127.0.0.1:1")
     second, lease1 = register_pserver(etcd, config.name, "127.0.0.1:2")
     assert (first, second) == (0, 1)
-    from master.errors import NoFreeIndexError
+    from jobstate.errors import NoFreeIndexError
 
     with pytest.raises(NoFreeIndexError):
         register_pserver(etcd, config.name, "127.0.0.1:3")
@@ -332,8 +332,8 @@ def _dead_pid() -> int:
 
 
 def _held_by(etcd: Etcd, key: str, pid: int) -> None:
-    from master.etcd import put_op
-    from master.predecessors import this_machine
+    from jobstate.etcd import put_op
+    from jobstate.predecessors import this_machine
 
     lease = etcd.lease(30)
     etcd.txn([], [put_op(key, json.dumps({**this_machine(), "pid": pid}).encode(), lease)])
@@ -342,7 +342,7 @@ def _held_by(etcd: Etcd, key: str, pid: int) -> None:
 def test_a_key_whose_holder_is_a_dead_process_of_this_machine_is_taken_at_once(services, unique) -> None:
     """A restarted shard or master does not wait out its killed predecessor's 30 s lease; one
     whose predecessor still runs (here: frozen, say) does."""
-    from master.errors import NoFreeIndexError
+    from jobstate.errors import NoFreeIndexError
     from master.leader import LeaderLock
 
     job = unique("successor")

@@ -13,10 +13,10 @@ import pytest
 
 from conftest import (FakeTrainer, MasterProcess, assert_exact_cover, cursors, job_config,
                       leader_name, produce, stable_ends, wait_for, write_job_file)
-from master.errors import NotLeaderError
-from master.etcd import Etcd, put_op
+from jobstate.errors import NotLeaderError
+from jobstate.etcd import Etcd, put_op
+from jobstate.tasks import TaskClient
 from master.service import Master
-from master.tasks import TaskClient
 from schemas import EtcdKeys
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]

@@ -11,11 +11,11 @@ import pytest
 from confluent_kafka import Producer
 
 from conftest import wait_for
-from master.etcd import Etcd
+from jobstate.etcd import Etcd
+from jobstate.observability import scrape as scrape_url
+from jobstate.observability import serve_metrics
 from schemas import Topics
 from streamtrain.curves import write_curves
-from streamtrain.observability import scrape as scrape_url
-from streamtrain.observability import serve_metrics
 from test_trainer import MODEL, Background, finished, make_job, run_job, write_examples
 
 pytestmark = [pytest.mark.services]

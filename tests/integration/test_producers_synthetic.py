@@ -5,11 +5,11 @@ from collections import Counter
 import pytest
 from topic_reader import read_topic
 
-import schemas
 from producers.clicklog import ClickRecord, ImpressionRecord
 from producers.clickmodel import ClickModel, ClickModelConfig
 from producers.sink import KafkaSink
 from producers.synthetic import SyntheticSource, SyntheticSourceConfig
+import schemas
 
 pytestmark = pytest.mark.services
 

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from pserver.optimizers import Adagrad
-from pserver.serving import AppliedWatch, ParamClient, ParamsUnavailableError, Publisher, Snapshot
-from pserver.sharding import SlotMap
+from jobstate.optimizers import Adagrad
+from jobstate.paramstore import AppliedWatch, ParamClient, ParamsUnavailableError
+from jobstate.sharding import SlotMap
+from pserver.publisher import Publisher, Snapshot
 from pserver.state import Changes, ShardState
 from schemas import DenseSlice, GradientDelta, SparseRows, TaskRecord
 from trainer.params import DenseLayout, ParamSync

@@ -11,17 +11,17 @@ import numpy as np
 import pytest
 from confluent_kafka import Producer
 
+from conftest import StreamtrainProcess, job_config, publish_job, read_partition, stable_ends, wait_for
 from infra import Endpoints
 from infra.clients import TopicSpec, ensure_topics
-from master.etcd import Etcd
-from pserver.optimizers import make_rule
-from pserver.serving import ParamClient, ParamsUnavailableError
+from jobstate.etcd import Etcd
+from jobstate.optimizers import make_rule
+from jobstate.paramstore import ParamClient, ParamsUnavailableError
+from jobstate.sharding import SlotMap
 from pserver.shard import PserverShard, ShardOptions
-from pserver.sharding import SlotMap
 from pserver.state import ShardState
 from schemas import (DeadLetter, DenseSlice, EtcdKeys, GradientDelta, PartitionCursor, RedisKeys, SparseRows,
                      TaskRecord, Topics)
-from conftest import StreamtrainProcess, job_config, publish_job, read_partition, stable_ends, wait_for
 
 pytestmark = pytest.mark.services
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from conftest import StreamtrainProcess, wait_for
-from master.etcd import Etcd
+from jobstate.etcd import Etcd
+from jobstate.sharding import SlotMap
 from master.service import Master
 from pserver.shard import PserverShard, ShardOptions
-from pserver.sharding import SlotMap
 from schemas import EtcdKeys
 from streamtrain.checkpoints import request_checkpoint, rollback
 from test_trainer import HOLDOUT, MODEL, Background, applied_exactly, make_job, run_job, shard_stats, write_examples

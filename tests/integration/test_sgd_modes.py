@@ -9,7 +9,7 @@ import signal
 import pytest
 
 from conftest import wait_for
-from master.etcd import Etcd
+from jobstate.etcd import Etcd
 from master.service import Master
 from pserver.shard import PserverShard, ShardOptions
 from schemas import EtcdKeys

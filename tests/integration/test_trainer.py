@@ -16,11 +16,11 @@ from confluent_kafka import Producer
 
 from conftest import StreamtrainProcess, job_config, read_partition, wait_for, wait_for_value
 from infra import Endpoints
-from master.etcd import Etcd
+from jobstate.etcd import Etcd
+from jobstate.sharding import SlotMap
 from master.service import Master
 from producers.clickmodel import ClickModel
 from pserver.shard import PserverShard, ShardOptions
-from pserver.sharding import SlotMap
 from schemas import DeadLetter, EtcdKeys, GradientDelta, RedisKeys, TaskRecord, Topics
 from trainer.local import LocalTrainer
 from trainer.metrics import auc
@@ -340,7 +340,7 @@ def victim_mid_task(services: Endpoints, etcd: Etcd, job: str, below: int) -> st
     return None
 
 
-# What a resumed zombie logs when it finds its task redone (master/tasks.py, trainer/worker.py).
+# What a resumed zombie logs when it finds its task redone (jobstate/tasks.py, trainer/worker.py).
 ZOMBIE_LEARNS = ("is no longer held by this attempt", "dropping the task in hand")
 
 

@@ -13,7 +13,7 @@ from confluent_kafka import Producer
 
 from conftest import read_partition
 from infra import Endpoints
-from master.config import InputSection
+from jobstate.config import InputSection
 from producers.clickmodel import ClickModel
 from trainer.features import Featurizer
 from trainer.loader import LoaderError, LoaderSpec, RecordLoader

@@ -1,4 +1,4 @@
-"""The master's pure decisions: cutting, folding, retrying, passes."""
+"""The master's pure decisions: cutting, folding, requeueing, passes."""
 
 from __future__ import annotations
 
@@ -81,30 +81,6 @@ def test_cut_rounds_cut_what_cut_would_per_partition_within_the_budget(ends, bud
         assert all(len(plan.cut(c, h.end, 700, linger, 1)[0]) == 0 for c, h in zip(moved, heads))
 
 
-def test_rounds_of_regroups_a_saved_queue_in_offset_order() -> None:
-    saved = [TaskRecord.for_range("clicks", p, s, s + 10) for p, s in [(1, 20), (0, 10), (1, 0), (0, 0), (1, 10)]]
-    assert [[(t.partition, t.start) for t in r] for r in plan.rounds_of(saved)] == [
-        [(0, 0), (1, 0)], [(0, 10), (1, 10)], [(1, 20)]]
-    assert plan.rounds_of([]) == []
-
-
-def test_claims_take_the_oldest_transaction_first_and_its_tasks_round_by_round() -> None:
-    ids = {name: TaskRecord.make_id("clicks", p, start) for name, (p, start) in
-           {"a0": (0, 0), "a1": (0, 10), "b0": (1, 0), "b1": (1, 10), "a2": (0, 20), "b2": (1, 20)}.items()}
-    # etcd lists one transaction's tasks in no particular order, here partition after partition.
-    listed = [(7, ids["a0"]), (7, ids["a1"]), (7, ids["b0"]), (7, ids["b1"]), (9, ids["b2"]), (9, ids["a2"])]
-    order = plan.claim_order(listed, truncated=False)
-    assert [listed[i][1] for i in order] == [ids[n] for n in ("a0", "b0", "a1", "b1", "a2", "b2")]
-    # Cut at the listing's limit, the newest revision may be partial: it waits.
-    assert [listed[i][1] for i in plan.claim_order(listed, truncated=True)] == [
-        ids[n] for n in ("a0", "b0", "a1", "b1")]
-    assert plan.claim_order(listed[:4], truncated=True) == [0, 2, 1, 3]
-
-
-def test_claim_order_puts_ids_it_cannot_read_last() -> None:
-    assert plan.claim_order([(3, "not-a-task"), (3, TaskRecord.make_id("clicks", 0, 5))], False) == [1, 0]
-
-
 def test_task_ids_carry_the_pass_from_the_second_pass_on() -> None:
     second = PartitionCursor("clicks", 0, 0, 0, 0, stop=5, pass_no=1)
     tasks, _ = plan.cut(second, end=5, max_records=10, linger_due=False, budget=1)
@@ -128,17 +104,6 @@ def test_fold_limit_bounds_the_transaction() -> None:
     done = [TaskRecord.for_range("clicks", 0, s, s + 1) for s in range(500)]
     cursor, folded = plan.fold(live(next_=500), done, limit=119)
     assert len(folded) == 119 and cursor.trained == 119
-
-
-def test_retry_requeues_with_attempt_plus_one_until_max_attempts_then_fails_with_reason() -> None:
-    task = TaskRecord.for_range("clicks", 0, 0, 10)
-    state, task = plan.retry_or_fail(task, 3, "timed out")
-    assert (state, task.attempt, task.trainer_id) == ("todo", 1, None)
-    state, task = plan.retry_or_fail(task, 3, "timed out")
-    assert (state, task.attempt) == ("todo", 2)
-    state, task = plan.retry_or_fail(task, 3, "timed out")
-    assert state == "failed"
-    assert task.reason == "timed out (attempt 3 of 3)"
 
 
 def test_next_pass_waits_for_every_partition_and_open_task_then_restarts_at_origin() -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from jobstate.optimizers import Adagrad, Adam
 from pserver.checkpoint import MANIFEST, CheckpointError, CheckpointMismatchError, CheckpointStore
-from pserver.optimizers import Adagrad, Adam
 from pserver.state import ShardState
 from schemas import DenseSlice, GradientDelta, SparseRows, TaskRecord
 
@@ -39,7 +39,7 @@ def test_round_trip_restores_every_array_dedup_and_offsets(tmp_path: Path) -> No
     for name in ("exp_avg", "exp_avg_sq"):
         assert np.array_equal(a.state[name][ra], b.state[name][rb])
     assert np.array_equal(a.values[ra], b.values[rb]) and np.array_equal(a.steps[ra], b.steps[rb])
-    assert b.updates == a.updates == 3  # Adam's clock (pserver/optimizers.py)
+    assert b.updates == a.updates == 3  # Adam's clock (jobstate/optimizers.py)
     assert np.array_equal(state.dense[("fc", 0)].values, restored.state.dense[("fc", 0)].values)
     assert restored.state.dedup.to_json() == state.dedup.to_json()
     assert restored.state.examples == state.examples

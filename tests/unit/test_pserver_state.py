@@ -7,8 +7,8 @@ import pytest
 
 import torch
 
-from pserver.optimizers import Adagrad, Adam
-from pserver.rows import initial_rows
+from jobstate.optimizers import Adagrad, Adam
+from jobstate.rows import initial_rows
 from pserver.state import BadDeltaError, ShardState, newest
 from schemas import DenseSlice, GradientDelta, SparseRows, TaskRecord
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import math
 
-from master.config import JobConfig
-from master.offsets import Bounds
+from jobstate.config import JobConfig
+from jobstate.offsets import Bounds
 from schemas import Example
 from trainer.check import check_records, sample_ranges
 

@@ -9,8 +9,8 @@ import math
 import threading
 import time
 
-from master.errors import TaskLostError
-from master.tasks import ClaimedTask
+from jobstate.errors import TaskLostError
+from jobstate.tasks import ClaimedTask
 from schemas import TaskRecord
 from trainer.feed import MAX_AHEAD_TASKS, TaskFeed
 from trainer.reader import RangeReadError

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from pserver.optimizers import make_rule
+from jobstate.optimizers import make_rule
 from trainer.committer import Committer, Ended
 from trainer.delivery import DeliveryError
 from trainer.own import OwnPushes, OwnRows, RowChange

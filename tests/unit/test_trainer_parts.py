@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from master.config import JobConfig
-from pserver.sharding import SlotMap
+from jobstate.config import JobConfig
+from jobstate.sharding import SlotMap
 from schemas import Example
 from trainer.decoders import ChunkDecoder, DecodeError, make_decoder
 from trainer.features import Batch, Columns, Featurizer, MiniBatches, pool

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from pserver.serving import Flushed
+from jobstate.paramstore import Flushed
 from schemas import PublishedRound, RoundRows
 from trainer.replica import START, Position, RowReplica, follows
 

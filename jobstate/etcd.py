@@ -19,7 +19,7 @@ from pyetcd import transactions as tx
 
 from infra import Endpoints
 from infra.clients import etcd_client
-from master.errors import CoordinationError
+from jobstate.errors import CoordinationError
 
 # etcd's default --max-txn-ops is 128; stay below it with room for the fencing compares.
 MAX_TXN_OPS = 120

@@ -1,10 +1,10 @@
-"""When a successor may take a key without waiting out its holder's lease (master/predecessors.py)."""
+"""When a successor may take a key without waiting out its holder's lease (jobstate/predecessors.py)."""
 
 from __future__ import annotations
 
 import os
 
-from master.predecessors import gone
+from jobstate.predecessors import gone
 
 HERE = {"host": "node-1", "boot": "b-1", "pidns": "pid:[4026531836]"}
 

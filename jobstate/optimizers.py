@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 _F32 = np.float32
-# Same shape as master/config.py's reference check: importlib + getattr can resolve it.
+# Same shape as jobstate/config.py's reference check: importlib + getattr can resolve it.
 _REF = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*", re.ASCII)
 
 
@@ -507,7 +507,7 @@ def _check_rule(spec: str, rule: object) -> None:
     if missing:
         raise UpdateRuleError(f"{spec}: returned {type(rule).__name__}, which has no "
                               f"{', '.join(missing)}; an update rule needs name, state_names "
-                              "and apply (pserver.optimizers.UpdateRule)")
+                              "and apply (jobstate.optimizers.UpdateRule)")
     name, state_names = getattr(rule, "name"), getattr(rule, "state_names")
     if not isinstance(name, str) or not name:
         raise UpdateRuleError(f"{spec}: name must be a non-empty string, got {name!r}")

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from pserver.sharding import SlotMap, row_hash
+from jobstate.sharding import SlotMap, row_hash
 
 
 def test_uniform_map_spreads_slots_evenly() -> None:
@@ -32,7 +32,7 @@ def test_same_id_in_different_tables_may_land_on_different_shards() -> None:
 
 def test_hash_is_stable_across_processes() -> None:
     here = row_hash("user", np.array([0, 1, 2**63], dtype=np.uint64)).tolist()
-    code = ("import numpy as np; from pserver.sharding import row_hash; "
+    code = ("import numpy as np; from jobstate.sharding import row_hash; "
             "print(row_hash('user', np.array([0, 1, 2**63], dtype=np.uint64)).tolist())")
     there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert there.stdout.strip() == str(here)

@@ -19,7 +19,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from master.json_fields import JsonFields, JsonFieldsError, parse_json_fields
+from jobstate.json_fields import JsonFields, JsonFieldsError, parse_json_fields
 
 __all__ = [
     "CsvColumn",
@@ -251,7 +251,7 @@ class InputSection:
         format: record decoding: ``json``, ``binary``, ``csv`` or a ``"module:callable"``.
         csv_columns: the CSV columns in file order; non-empty exactly when format is ``csv``.
         json_fields: with format ``json``, the paths of a log's own JSON documents the model
-            trains on (``[input.json_fields]``, master/json_fields.py); None: the records are
+            trains on (``[input.json_fields]``, jobstate/json_fields.py); None: the records are
             streamtrain's Example documents.
         passes: 0 = online input, follow the live stream forever; N >= 1 = bounded input, the
             end offsets are snapshotted at job start and that data is trained N times.

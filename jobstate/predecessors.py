@@ -19,7 +19,7 @@ import socket
 from collections.abc import Callable, Mapping
 
 from infra.process import pid_alive
-from master.etcd import Etcd, create_revision_is, delete_op
+from jobstate.etcd import Etcd, create_revision_is, delete_op
 
 log = logging.getLogger(__name__)
 

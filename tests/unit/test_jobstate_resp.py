@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.connection import Connection
 
-from pserver import resp
+from jobstate import resp
 from schemas import encode_rows, encode_rows_matrix
 
 

@@ -3,7 +3,7 @@
 A pserver takes the first free index below `ps_desired` by transaction (the seeds' scheme):
 two shards starting at once can never both get index 0, and a restarted shard gets its index
 back as soon as its old lease has expired, or at once when the old holder is known dead
-(a process of this machine that no longer runs: master/predecessors.py).
+(a process of this machine that no longer runs: jobstate/predecessors.py).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from master.config import JobConfig
-from master.errors import MasterError, NoFreeIndexError
-from master.etcd import Etcd, Lease, absent, put_op
-from master.predecessors import remove_if_gone, this_machine
+from jobstate.config import JobConfig
+from jobstate.errors import MasterError, NoFreeIndexError
+from jobstate.etcd import Etcd, Lease, absent, put_op
+from jobstate.predecessors import remove_if_gone, this_machine
 from schemas import EtcdKeys
 
 

@@ -12,10 +12,10 @@ import random
 import time
 from dataclasses import dataclass, replace
 
-from master import plan
-from master.errors import TaskLostError
-from master.etcd import (MAX_TXN_OPS, Entry, Etcd, delete_op, mod_revision_is, nested_succeeded, put_op,
-                         txn_op, value_is)
+from jobstate import queue
+from jobstate.errors import TaskLostError
+from jobstate.etcd import (MAX_TXN_OPS, Entry, Etcd, delete_op, mod_revision_is, nested_succeeded, put_op,
+                           txn_op, value_is)
 from schemas import EtcdKeys, SchemaError, TaskRecord
 
 # Trainers pick at random among the first todo tasks in claim order they last listed, so that
@@ -52,7 +52,7 @@ class TaskClient:
     @classmethod
     def for_job(cls, etcd: Etcd, job: str, trainer_id: str) -> TaskClient:
         """A client with the timeout and attempt limit of the job's stored config."""
-        from master.membership import read_job_config
+        from jobstate.membership import read_job_config
 
         config = read_job_config(etcd, job)
         return cls(etcd, job, trainer_id, config.tasks.timeout_s, config.tasks.max_attempts)
@@ -78,7 +78,7 @@ class TaskClient:
                 listed = self._etcd.range(self.keys.tasks("todo"), limit=_CANDIDATES, oldest_first=True)
                 if not listed:
                     return None
-                order = plan.claim_order([(e.create_revision, e.key.rsplit("/", 1)[-1]) for e in listed],
+                order = queue.claim_order([(e.create_revision, e.key.rsplit("/", 1)[-1]) for e in listed],
                                          truncated=len(listed) == _CANDIDATES)
                 self._candidates = [listed[i] for i in order]
             # Random among the first few: trainers claiming at once rarely race for one key.
@@ -107,7 +107,7 @@ class TaskClient:
                 continue  # the master moves unreadable records out of the way
             if task.trainer_id != self.trainer_id:
                 continue
-            state, back = plan.retry_or_fail(task, self.max_attempts, f"trainer {self.trainer_id} restarted")
+            state, back = queue.retry_or_fail(task, self.max_attempts, f"trainer {self.trainer_id} restarted")
             ok, _ = self._etcd.txn([mod_revision_is(entry.key, entry.mod_revision)],
                                    [delete_op(entry.key), put_op(self.keys.task(state, task.task_id), back.to_json())])
             if ok:
@@ -149,7 +149,7 @@ class TaskClient:
     def fail(self, task: ClaimedTask, reason: str) -> str:
         """This attempt failed: back to todo with attempt + 1, or failed after the last
         attempt. Returns the state it went to. Raises TaskLostError if it is no longer ours."""
-        state, retried = plan.retry_or_fail(task.record, self.max_attempts,
+        state, retried = queue.retry_or_fail(task.record, self.max_attempts,
                                             f"{reason} (trainer {self.trainer_id})")
         key = self.keys.task("pending", task.task_id)
         ok, _ = self._etcd.txn(

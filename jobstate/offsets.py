@@ -14,7 +14,7 @@ from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from infra import Endpoints
-from master.errors import MasterError
+from jobstate.errors import MasterError
 
 _quiet = logging.getLogger("streamtrain.kafka-admin")
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pserver.optimizers import UpdateRule, clock_of, in_place
-from pserver.sharding import mix64, name_salt
+from jobstate.optimizers import UpdateRule, clock_of, in_place
+from jobstate.sharding import mix64, name_salt
 
 _EMPTY = np.uint64(0)  # slot marker in `_keys`; real ids are stored as id + 1 (see _slot_key)
 
@@ -138,9 +138,9 @@ class RowTable:
         self.ids = np.zeros(capacity, dtype=np.uint64)
         self.values = np.zeros((capacity, dim), dtype=np.float32)
         self.steps = np.zeros(capacity, dtype=np.int64)
-        self.updates = 0  # applies to the table: the "table" clock (pserver/optimizers.py)
+        self.updates = 0  # applies to the table: the "table" clock (jobstate/optimizers.py)
         # Update rules start from zero state and set their own start values on a row's first
-        # update (steps == 0), see pserver/optimizers.py.
+        # update (steps == 0), see jobstate/optimizers.py.
         self.state = {n: np.zeros((capacity, dim), dtype=np.float32) for n in state_names}
         self.size = 0
 

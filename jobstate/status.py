@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from master.etcd import Etcd
-from master.membership import Members, members
-from master.offsets import InputOffsets, InputUnavailableError
+from jobstate.etcd import Etcd
+from jobstate.membership import Members, members
+from jobstate.offsets import InputOffsets, InputUnavailableError
 from schemas import EtcdKeys, PartitionCursor, SchemaError, TaskRecord
 
 STATES = ("todo", "pending", "done", "failed")

@@ -1,10 +1,11 @@
-"""When a shard writes its row keys, and what a flush carries (pserver/serving.py)."""
+"""When a shard writes its row keys, and what a flush carries (pserver/publisher.py)."""
 
 import numpy as np
 import pytest
 
-from pserver.optimizers import SGD
-from pserver.serving import FLUSH_EVERY_S, FLUSH_MAX_ROUNDS, FLUSH_MAX_ROWS, Flushed, Publisher, flush_due, stream_id
+from jobstate.optimizers import SGD
+from jobstate.paramstore import Flushed, stream_id
+from pserver.publisher import FLUSH_EVERY_S, FLUSH_MAX_ROUNDS, FLUSH_MAX_ROWS, Publisher, flush_due
 from pserver.state import Changes, ShardState
 from schemas import GradientDelta, SparseRows, TaskRecord
 

@@ -8,18 +8,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from master.config import (
-    CsvColumn,
-    InputSection,
-    JobConfig,
-    JobConfigError,
-    JobSection,
-    MasterSection,
-    ModelSection,
-    PserversSection,
-    TasksSection,
-    TrainSection,
-)
+from jobstate.config import (
+                             CsvColumn,
+                             InputSection,
+                             JobConfig,
+                             JobConfigError,
+                             JobSection,
+                             MasterSection,
+                             ModelSection,
+                             PserversSection,
+                             TasksSection,
+                             TrainSection,
+                             )
 
 FAST = settings(max_examples=50, deadline=None)
 

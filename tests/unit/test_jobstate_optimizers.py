@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-from pserver.optimizers import (
-    FTRL,
-    SGD,
-    Adagrad,
-    Adam,
-    UpdateRule,
-    UpdateRuleError,
-    check_batch,
-    make_rule,
-)
+from jobstate.optimizers import (
+                                 FTRL,
+                                 SGD,
+                                 Adagrad,
+                                 Adam,
+                                 UpdateRule,
+                                 UpdateRuleError,
+                                 check_batch,
+                                 make_rule,
+                                 )
 
 STEPS = 25
 ATOL = 1e-6

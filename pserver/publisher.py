@@ -1,0 +1,241 @@
+"""A shard's side of its parameters in Redis (the keys and streams: jobstate/paramstore.py):
+each round appends the rows it changed to the shard's rounds stream and writes the dense blocks;
+a flush every `FLUSH_EVERY_S` writes the rows changed since the last one to their keys, each
+once. Writing every round's rows to their keys was two thirds of Redis's CPU, and a row hot
+enough to change in most rounds was written in each of them."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import redis
+
+from jobstate import resp
+from jobstate.paramstore import ROUNDS_FIELD, ROUNDS_KEPT, Flushed, stream_id
+from pserver.state import Changes, ShardState
+from schemas import ParamBlock, PublishedRound, RedisKeys, RoundRows, encode_rows_matrix
+
+_CHUNK = 8192  # keys per MSET: large enough to amortise, small enough not to stall Redis
+# How often the row keys are brought up to date. Longer writes fewer keys (a hot row once per
+# flush, not once per round) and leaves key-only readers further behind.
+FLUSH_EVERY_S = 0.25
+# Rows changed since the last flush that force one early: bounds the ids kept meanwhile.
+FLUSH_MAX_ROWS = 1 << 20
+
+
+# Rounds after a flush that force the next: a trainer that has to follow a stream again does
+# so from the last flush, which must still be in the stream.
+FLUSH_MAX_ROUNDS = ROUNDS_KEPT // 4
+
+
+def flush_due(since_s: float, dirty_rows: int, rounds: int, every_s: float = FLUSH_EVERY_S,
+              max_rows: int = FLUSH_MAX_ROWS, max_rounds: int = FLUSH_MAX_ROUNDS) -> bool:
+    """Whether a publish round also writes the rows changed since the last flush to their
+    keys: some are waiting, for long enough or enough of them; or the last flush is so many
+    rounds back that it must move up, changed rows or not."""
+    return rounds >= max_rounds or (dirty_rows > 0 and (since_s >= every_s or dirty_rows >= max_rows))
+
+
+
+
+def _applied_json(applied: dict[str, int]) -> bytes:
+    return json.dumps(applied, separators=(",", ":")).encode()
+
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Copies of changed rows and blocks: taken while the state is not being written, sent
+    to Redis afterwards, so a shard can apply while the previous changes are on the wire."""
+
+    rows: list[tuple[str, np.ndarray, np.ndarray]]  # the round's changed rows: table, ids, values (n, dim)
+    blocks: list[tuple[str, int, np.ndarray]]  # param, block, values
+    keys: list[tuple[str, np.ndarray, np.ndarray]] = ()  # rows to write to their keys (a flush)
+    flush: bool = False  # the keys are every row changed since the last flush
+
+    @property
+    def size(self) -> int:
+        return sum(len(ids) for _, ids, _ in self.rows) + len(self.blocks)
+
+
+class Publisher:
+    def __init__(self, client: redis.Redis, job: str, shard: int) -> None:
+        self._redis = client
+        self._keys = RedisKeys(job)
+        self.shard = shard
+        # The rounds stream's epoch and the last round of it sent; `send(..., reset=True)`
+        # starts a new epoch. A new Publisher (a restarted shard) starts one too.
+        self._epoch = secrets.randbits(64)
+        self._major = 0  # the epoch's stream ids' first part (`stream_id`)
+        self._round = 0
+        self._announced: dict[str, int] = {}  # each trainer's step last sent to its channel
+        self._dirty: dict[str, list[np.ndarray]] = {}  # per table, ids changed since the last flush
+        self._dirty_rows = 0
+        self._flushed_at = time.monotonic()
+        self._flush_round = 0  # the round of the last flush
+
+    @property
+    def client(self) -> redis.Redis:
+        return self._redis
+
+    def flush_due(self) -> bool:
+        return flush_due(time.monotonic() - self._flushed_at, self._dirty_rows, self._round - self._flush_round)
+
+    def snapshot(self, state: ShardState, changes: Changes, flush: bool | None = None,
+                 reset: bool = False) -> Snapshot:
+        """Copies of the changed rows and blocks (with the state not being written). `flush`:
+        also of every row changed since the last flush, for their keys (None: if
+        `flush_due`). `reset`: `changes` is everything; all of it goes to the keys."""
+        blocks = [(p, b, state.dense[(p, b)].values[0].copy()) for p, b in changes.blocks]
+        if reset:
+            self._dirty, self._dirty_rows, self._flushed_at = {}, 0, time.monotonic()
+            return Snapshot([], blocks, _gather(state, changes.rows), flush=True)
+        rows = [(table, ids, changes.values[table]) for table, ids in changes.rows.items() if table in changes.values]
+        rows += _gather(state, {t: ids for t, ids in changes.rows.items() if t not in changes.values})
+        for table, ids, _ in rows:
+            self._dirty.setdefault(table, []).append(ids)
+            self._dirty_rows += len(ids)
+        if not (self.flush_due() if flush is None else flush):
+            return Snapshot(rows, blocks)
+        dirty = {table: parts[0] if len(parts) == 1 else np.unique(np.concatenate(parts))
+                 for table, parts in self._dirty.items()}
+        self._dirty, self._dirty_rows, self._flushed_at = {}, 0, time.monotonic()
+        return Snapshot(rows, blocks, _gather(state, dirty), flush=True)
+
+    def send(self, snapshot: Snapshot, applied: dict[str, int] | None = None, reset: bool = False) -> int:
+        """Write the snapshot's keys (a flush), then, in one transaction, its dense blocks,
+        `applied` (`RedisKeys.applied`) if given, the round's `PublishedRound`, the flush's
+        mark and the version bump. Returns the new version. `reset`: the snapshot is
+        everything the shard holds; the round starts a new epoch of the stream and carries no
+        rows (readers drop theirs).
+
+        A reader that reads `applied` and the values in one transaction
+        (`ParamClient.send_pull`) finds a step counted as applied only once its rows and
+        blocks are there: the rows go first on the same connection, and the blocks, to which
+        trainers add their own unpublished pushes (trainer/own.py), change with `applied` at
+        one instant. With everything in one pipeline and `applied` first, Redis ran other
+        clients' commands between the round's commands, and a trainer that saw its push
+        counted pulled rows without it (one trainer lost 0.013 AUC to its in-process
+        reference, bench/RESULTS.md). The rows stay outside the transaction so that a round
+        of a whole shard (a republish) is not one command that blocks Redis."""
+        chunks: list[bytes] = []
+        rows = 0
+        for table, ids, values in snapshot.keys:
+            prefix = self._keys.row(table, 0)[:-1].encode()
+            encoded = encode_rows_matrix(values)
+            for i in range(0, len(ids), _CHUNK):
+                chunks.append(resp.mset(prefix, ids[i:i + _CHUNK], encoded[i:i + _CHUNK]))
+                rows += 1
+        chunks.append(resp.command(b"MULTI"))
+        queued = 1  # the INCR
+        conn = self._redis.connection_pool.get_connection()
+        try:
+            for param, block, values in snapshot.blocks:
+                chunks += conn.pack_command("SET", self._keys.dense(param, block),
+                                            ParamBlock(param, block, 0, values).to_bytes())
+                queued += 1
+            if applied is not None:
+                chunks.append(self._applied_command(applied))
+                queued += 1
+                if reset:
+                    self._announced = {}
+                for trainer, step in applied.items():
+                    if self._announced.get(trainer) != step:
+                        chunks.append(resp.command(b"PUBLISH", self._keys.published(self.shard, trainer).encode(),
+                                                   b"%d" % step))
+                        self._announced[trainer] = step
+                        queued += 1
+            if reset:
+                chunks.append(resp.command(b"DEL", self._keys.rounds(self.shard).encode()))
+                queued += 1
+            chunks.append(self._round_command(snapshot, applied or {}, reset))
+            queued += 1
+            if snapshot.flush:
+                self._flush_round = self._round
+                mark = Flushed(stream_id(self._major, self._round), self._epoch, self._round)
+                chunks.append(resp.command(b"SET", self._keys.flushed(self.shard).encode(), mark.to_bytes()))
+                queued += 1
+            chunks += conn.pack_command("INCR", self._keys.version(self.shard))
+            chunks.append(resp.command(b"EXEC"))
+            conn.send_packed_command(chunks)
+            # The MSETs' replies, MULTI's OK and a QUEUED per command, then EXEC's replies.
+            for _ in range(rows + 1 + queued):
+                conn.read_response()
+            results = conn.read_response()
+            failed = [r for r in results if isinstance(r, Exception)]
+            if failed:
+                raise failed[0]
+            return int(results[-1])
+        except BaseException:
+            conn.disconnect()  # a half-read reply stream must not go back to the pool
+            raise
+        finally:
+            self._redis.connection_pool.release(conn)
+
+    def send_steps(self, document: str) -> None:
+        """The barrier's steps document (sync and bounded SGD) to its key, and to the trainers
+        waiting on its channel."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.set(self._keys.steps(self.shard), document)
+        pipe.publish(self._keys.steps_written(self.shard), document)
+        pipe.execute()
+
+    def _applied_command(self, applied: dict[str, int]) -> bytes:
+        return resp.command(b"SET", self._keys.applied(self.shard).encode(), _applied_json(applied))
+
+    def _round_command(self, snapshot: Snapshot, applied: dict[str, int], reset: bool) -> bytes:
+        if reset:
+            # The stream is deleted with the reset, so a new epoch's ids need only exceed
+            # its own; starting at the clock keeps them ahead of the old ones a reader holds.
+            self._epoch, self._round = secrets.randbits(64), 0
+            self._major = max(int(time.time() * 1000), self._major + 1)
+        self._round += 1
+        rows = () if reset else tuple(RoundRows(table, ids, values) for table, ids, values in snapshot.rows)
+        entry = PublishedRound(self._epoch, self._round, reset, applied, rows).to_bytes()
+        return resp.command(b"XADD", self._keys.rounds(self.shard).encode(), b"MAXLEN", b"~",
+                            b"%d" % ROUNDS_KEPT, stream_id(self._major, self._round), ROUNDS_FIELD, entry)
+
+    def publish(self, state: ShardState, changes: Changes) -> int:
+        """Write the changed rows, to their keys too, and blocks, then bump the version.
+        Returns the new version."""
+        return self.send(self.snapshot(state, changes, flush=True))
+
+    def publish_all(self, state: ShardState) -> int:
+        """Everything this shard holds (after a restart or a flushed Redis)."""
+        return self.send(self.snapshot(state, self.everything(state), reset=True), reset=True)
+
+    @staticmethod
+    def everything(state: ShardState) -> Changes:
+        return Changes(rows={name: t.ids[: t.size] for name, t in state.tables.items()},
+                       blocks=set(state.dense))
+
+    def unpublish_rows(self, table: str, ids: np.ndarray) -> None:
+        keys = self._keys.rows(table, ids)
+        for i in range(0, len(keys), _CHUNK):
+            self._redis.unlink(*keys[i:i + _CHUNK])
+
+    def unpublish_blocks(self, blocks: Iterable[tuple[str, int]]) -> None:
+        keys = [self._keys.dense(p, b) for p, b in blocks]
+        if keys:
+            self._redis.unlink(*keys)
+
+    def published(self) -> bool:
+        return bool(self._redis.exists(self._keys.version(self.shard)))
+
+
+def _gather(state: ShardState, rows: Mapping[str, np.ndarray]) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    out = []
+    for table, ids in rows.items():
+        t = state.tables.get(table)
+        if t is None:
+            continue
+        slots = t.index.lookup(ids)
+        if (slots < 0).any():  # ids of a state replaced since (a rollback): not this state's rows
+            ids, slots = ids[slots >= 0], slots[slots >= 0]
+        out.append((table, ids, t.gather(slots)))
+    return out

@@ -1,0 +1,41 @@
+"""The task queue's shared rules (jobstate/queue.py): claim order and retries."""
+
+from __future__ import annotations
+
+from jobstate import queue
+from schemas import TaskRecord
+
+
+def test_rounds_of_regroups_a_saved_queue_in_offset_order() -> None:
+    saved = [TaskRecord.for_range("clicks", p, s, s + 10) for p, s in [(1, 20), (0, 10), (1, 0), (0, 0), (1, 10)]]
+    assert [[(t.partition, t.start) for t in r] for r in queue.rounds_of(saved)] == [
+        [(0, 0), (1, 0)], [(0, 10), (1, 10)], [(1, 20)]]
+    assert queue.rounds_of([]) == []
+
+
+def test_claims_take_the_oldest_transaction_first_and_its_tasks_round_by_round() -> None:
+    ids = {name: TaskRecord.make_id("clicks", p, start) for name, (p, start) in
+           {"a0": (0, 0), "a1": (0, 10), "b0": (1, 0), "b1": (1, 10), "a2": (0, 20), "b2": (1, 20)}.items()}
+    # etcd lists one transaction's tasks in no particular order, here partition after partition.
+    listed = [(7, ids["a0"]), (7, ids["a1"]), (7, ids["b0"]), (7, ids["b1"]), (9, ids["b2"]), (9, ids["a2"])]
+    order = queue.claim_order(listed, truncated=False)
+    assert [listed[i][1] for i in order] == [ids[n] for n in ("a0", "b0", "a1", "b1", "a2", "b2")]
+    # Cut at the listing's limit, the newest revision may be partial: it waits.
+    assert [listed[i][1] for i in queue.claim_order(listed, truncated=True)] == [
+        ids[n] for n in ("a0", "b0", "a1", "b1")]
+    assert queue.claim_order(listed[:4], truncated=True) == [0, 2, 1, 3]
+
+
+def test_claim_order_puts_ids_it_cannot_read_last() -> None:
+    assert queue.claim_order([(3, "not-a-task"), (3, TaskRecord.make_id("clicks", 0, 5))], False) == [1, 0]
+
+
+def test_retry_requeues_with_attempt_plus_one_until_max_attempts_then_fails_with_reason() -> None:
+    task = TaskRecord.for_range("clicks", 0, 0, 10)
+    state, task = queue.retry_or_fail(task, 3, "timed out")
+    assert (state, task.attempt, task.trainer_id) == ("todo", 1, None)
+    state, task = queue.retry_or_fail(task, 3, "timed out")
+    assert (state, task.attempt) == ("todo", 2)
+    state, task = queue.retry_or_fail(task, 3, "timed out")
+    assert state == "failed"
+    assert task.reason == "timed out (attempt 3 of 3)"
