@@ -1,7 +1,9 @@
 """Errors raised while preparing, starting or probing the local services."""
 
+from schemas import StreamtrainError
 
-class InfraError(RuntimeError):
+
+class InfraError(StreamtrainError, RuntimeError):
     """Root of every infra/ error."""
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from jobstate.json_fields import JsonFields, JsonFieldsError, parse_json_fields
+from schemas import StreamtrainError
 
 __all__ = [
     "CsvColumn",
@@ -49,7 +50,7 @@ _I64_MAX = 2**63 - 1
 _JSON_VERSION = 1
 
 
-class JobConfigError(ValueError):
+class JobConfigError(StreamtrainError, ValueError):
     """A job file (or its stored JSON) is unreadable or holds a value streamtrain refuses.
 
     The message reads ``<source>: <dotted.key>: <why>``, e.g.

@@ -1,8 +1,10 @@
 """Errors of the master and of its clients (trainers, pservers). Callers never catch etcd's."""
 
+from schemas import StreamtrainError
 
-class MasterError(RuntimeError):
-    """Root of every master/ error."""
+
+class MasterError(StreamtrainError, RuntimeError):
+    """Root of the errors of the job's coordination: etcd, the lock, tasks, membership."""
 
 
 class CoordinationError(MasterError):

@@ -24,13 +24,15 @@ import math
 import re
 from dataclasses import dataclass
 
+from schemas import StreamtrainError
+
 _SEGMENT = r"[A-Za-z0-9_\-]+"
 _PATH = re.compile(rf"{_SEGMENT}(?:\.{_SEGMENT})*")
 _RULE = re.compile(rf"\s*({_SEGMENT}(?:\.{_SEGMENT})*)\s*(?:(>=|<=|==|!=|>|<)\s*(\S+))?\s*")
 OPERATORS = (">", ">=", "<", "<=", "==", "!=")
 
 
-class JsonFieldsError(ValueError):
+class JsonFieldsError(StreamtrainError, ValueError):
     """A declaration that cannot be used; `key` names it (`input.json_fields.sparse.user`)."""
 
     def __init__(self, key: str, reason: str) -> None:

@@ -33,6 +33,8 @@ from typing import ClassVar, Protocol, runtime_checkable
 import numba
 import numpy as np
 
+from schemas import StreamtrainError
+
 __all__ = [
     "Adagrad",
     "Adam",
@@ -51,7 +53,7 @@ _F32 = np.float32
 _REF = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*", re.ASCII)
 
 
-class UpdateRuleError(ValueError):
+class UpdateRuleError(StreamtrainError, ValueError):
     """A hyperparameter, a rule spec, or a batch handed to ``apply`` is refused.
 
     The message names what is at fault: ``adam: beta1: must be in [0, 1), got 1.0``,

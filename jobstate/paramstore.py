@@ -32,7 +32,7 @@ import redis
 from jobstate import resp
 from jobstate.rows import initial_rows
 from jobstate.sharding import SlotMap
-from schemas import ParamBlock, PublishedRound, RedisKeys, SchemaError, decode_rows
+from schemas import ParamBlock, PublishedRound, RedisKeys, SchemaError, StreamtrainError, decode_rows
 
 # Rounds kept in a shard's stream (approximately: trimmed a node at a time). A trainer that
 # falls further behind than this drops the shard's rows and reads them again (trainer/replica.py).
@@ -66,7 +66,7 @@ def stream_id(major: int, round_: int) -> bytes:
     return b"%d-%d" % (major, round_)
 
 
-class ParamsUnavailableError(RuntimeError):
+class ParamsUnavailableError(StreamtrainError, RuntimeError):
     """A shard has not published (yet, or since Redis lost its data); retry after `retry_after`."""
 
     def __init__(self, shards: list[int], retry_after: float = 0.5) -> None:

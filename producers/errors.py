@@ -1,7 +1,9 @@
 """Errors of the producers and the joiner. Callers never catch Kafka's or pyarrow's."""
 
+from schemas import StreamtrainError
 
-class ProducerError(RuntimeError):
+
+class ProducerError(StreamtrainError, RuntimeError):
     """Root of every producers/ error."""
 
 

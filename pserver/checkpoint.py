@@ -26,12 +26,12 @@ from jobstate.optimizers import UpdateRule
 from jobstate.rows import RowTable
 from pserver.dedup import Dedup
 from pserver.state import DenseBlock, ShardState
-from schemas import CheckpointManifest, FileEntry, SchemaError
+from schemas import CheckpointManifest, FileEntry, SchemaError, StreamtrainError
 
 MANIFEST = "MANIFEST.json"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(StreamtrainError, RuntimeError):
     """A checkpoint could not be written, or none that exists is readable."""
 
 

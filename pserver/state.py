@@ -15,10 +15,10 @@ import numpy as np
 from jobstate.optimizers import UpdateRule
 from jobstate.rows import RowTable
 from pserver.dedup import Dedup
-from schemas import GradientDelta, TaskRecord
+from schemas import GradientDelta, StreamtrainError, TaskRecord
 
 
-class BadDeltaError(ValueError):
+class BadDeltaError(StreamtrainError, ValueError):
     """A delta that decodes but cannot apply here (wrong row width, wrong block length)."""
 
 

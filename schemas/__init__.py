@@ -15,7 +15,7 @@ Byte-by-byte layouts: docs/schemas.md.
 from .checkpoint import CheckpointManifest, FileEntry
 from .cursor import PartitionCursor
 from .deadletter import DeadLetter
-from .errors import SchemaError
+from .errors import SchemaError, StreamtrainError
 from .example import Example
 from .gradient import DenseSlice, GradientDelta, SparseRows, WireDtype
 from .keys import CONTROLS, TASK_STATES, EtcdKeys, RedisKeys, Topics, validate_job_name
@@ -39,6 +39,7 @@ __all__ = [
     "RedisKeys",
     "RoundRows",
     "SchemaError",
+    "StreamtrainError",
     "SparseRows",
     "TaskId",
     "TaskRecord",

@@ -1,9 +1,15 @@
-"""The one exception every schema raises."""
+"""The root of every streamtrain error, and the one exception every schema raises."""
 
 from __future__ import annotations
 
 
-class SchemaError(ValueError):
+class StreamtrainError(Exception):
+    """Root of every error streamtrain raises on purpose: `except StreamtrainError` catches them
+    all, while each also derives from the built-in type that fits it (ValueError for bad input,
+    RuntimeError for a failed operation)."""
+
+
+class SchemaError(StreamtrainError, ValueError):
     """A value does not fit its format: raised by decoders and by constructors alike.
 
     Attributes:

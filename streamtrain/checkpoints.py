@@ -27,10 +27,10 @@ import time
 from dataclasses import dataclass
 
 from jobstate.etcd import Etcd, delete_op, value_is
-from schemas import EtcdKeys
+from schemas import EtcdKeys, StreamtrainError
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(StreamtrainError, RuntimeError):
     """The checkpoint cannot be requested (the job has no shards in etcd)."""
 
 

@@ -16,9 +16,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from infra import Endpoints
+from schemas import StreamtrainError
 
 
-class PredictError(RuntimeError):
+class PredictError(StreamtrainError, RuntimeError):
     """The job cannot be scored at all (no config or slot map in etcd, parameters unavailable)."""
 
 

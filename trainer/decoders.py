@@ -33,7 +33,7 @@ import pyarrow.csv as pv
 import pyarrow.json as pj
 
 from jobstate.config import CsvColumn, InputSection
-from schemas import Example, SchemaError
+from schemas import Example, SchemaError, StreamtrainError
 from trainer.declared import DeclaredJson, DeclaredJsonFast, object_lines
 from trainer.features import Columns
 
@@ -43,7 +43,7 @@ _NAME_MAX_BYTES = 255  # schemas: a field name travels behind a u8 length
 _NAMES_CACHED = 4096  # valid field names remembered; a stream of ever new names stays bounded
 
 
-class DecodeError(ValueError):
+class DecodeError(StreamtrainError, ValueError):
     """A record that is not an example of the job's format; the message says why."""
 
 

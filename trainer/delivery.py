@@ -30,6 +30,7 @@ import time
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from infra import Endpoints
+from schemas import StreamtrainError
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +40,11 @@ ACK_TIMEOUT_S = 30.0
 Messages = list[tuple[str, bytes, bytes | None]]  # (topic, value, key)
 
 
-class DeliveryError(RuntimeError):
+class DeliveryError(StreamtrainError, RuntimeError):
     """Messages not acknowledged or side outputs not committed: the task must not complete."""
 
 
-class DeliveryBroken(RuntimeError):
+class DeliveryBroken(StreamtrainError, RuntimeError):
     """The delta producer failed for good; the trainer must stop."""
 
 

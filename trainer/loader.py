@@ -36,6 +36,7 @@ from multiprocessing.connection import Connection
 
 from infra import Endpoints
 from jobstate.config import InputSection
+from schemas import StreamtrainError
 from trainer.decoders import ChunkDecoder
 from trainer.features import Batch, Featurizer
 from trainer.reader import RangeReader
@@ -77,7 +78,7 @@ class LoaderSpec:
     chunk_records: int
 
 
-class LoaderError(RuntimeError):
+class LoaderError(StreamtrainError, RuntimeError):
     """The loader's child process died or failed in a way no task retry can fix."""
 
 

@@ -15,11 +15,12 @@ from collections.abc import Iterator
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from infra import Endpoints
+from schemas import StreamtrainError
 
 log = logging.getLogger(__name__)
 
 
-class RangeReadError(RuntimeError):
+class RangeReadError(StreamtrainError, RuntimeError):
     """The range could not be read (broker unreachable for too long); the task is retried."""
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 LAYERS = (
-    ("schemas", "infra"),
+    ("schemas",),
+    ("infra",),
     ("jobstate",),
     ("master", "pserver", "trainer"),
     ("producers",),
