@@ -11,13 +11,12 @@ retry rather than handed initial values.
 
 Each round is appended, rows and values in one `PublishedRound`, to the shard's rounds stream
 (`st:<job>:rounds:<shard>`, the newest `ROUNDS_KEPT` or so), and the dense blocks are written
-at once. The row keys are written less often: a flush every `FLUSH_EVERY_S` writes the rows
-changed since the last one, each once, and marks its round in `st:<job>:flushed:<shard>`.
-Writing every round's rows to their keys was two thirds of Redis's CPU, and a row hot enough
-to change in most rounds was written in each of them. A trainer follows the streams from a
+at once. The row keys are written less often: a flush every so often
+(`pserver.publisher.FLUSH_EVERY_S`) writes the rows changed since the last one, each once, and
+marks its round in `st:<job>:flushed:<shard>`. A trainer follows the streams from a
 flush on (trainer/replica.py): it holds every row a round changed since, so the keys it reads
 are rows no round has changed since the flush, whose keys are current. Readers of the keys
-alone (`streamtrain predict`, online inference) see rows up to `FLUSH_EVERY_S` old.
+alone (`streamtrain predict`, online inference) see rows up to a flush interval old.
 """
 
 from __future__ import annotations
@@ -59,7 +58,6 @@ class Flushed:
         return cls(at, int(epoch), int(at.split(b"-")[1]))
 
 
-
 def stream_id(major: int, round_: int) -> bytes:
     """A round's id in its shard's stream: the epoch's start in ms, and the round number, so
     that a flush can name its round in the same transaction as it appends it."""
@@ -73,8 +71,6 @@ class ParamsUnavailableError(StreamtrainError, RuntimeError):
         super().__init__(f"parameters of shard(s) {shards} are not in Redis yet; retry in {retry_after} s")
         self.shards = shards
         self.retry_after = retry_after
-
-
 
 
 @dataclass(frozen=True)

@@ -41,11 +41,8 @@ def flush_due(since_s: float, dirty_rows: int, rounds: int, every_s: float = FLU
     return rounds >= max_rounds or (dirty_rows > 0 and (since_s >= every_s or dirty_rows >= max_rows))
 
 
-
-
 def _applied_json(applied: dict[str, int]) -> bytes:
     return json.dumps(applied, separators=(",", ":")).encode()
-
 
 
 @dataclass(frozen=True)

@@ -107,12 +107,13 @@ def holdout_auc(etcd: Etcd, redis_conn, config) -> float:
     return auc(LABELS, Scorer(config, redis_conn, slot_map).score(HOLDOUT))
 
 
-def run_job(services, etcd, config, background: Background, trainers: int = 2) -> None:
+def run_job(services, etcd, config, background: Background, trainers: int = 2, lease_ttl_s: int = 2) -> None:
     background.start(lambda stop: Master(Etcd.connect(services), services, config).run(stop))
     for i in range(2):
-        background.start(lambda stop, i=i: PserverShard(services, ShardOptions(config.name, i, lease_ttl_s=2)).run(stop))
+        background.start(lambda stop, i=i: PserverShard(
+            services, ShardOptions(config.name, i, lease_ttl_s=lease_ttl_s)).run(stop))
     for i in range(trainers):
-        background.start(lambda stop, i=i: Trainer(services, config.name, f"t{i}", lease_ttl_s=2).run(stop))
+        background.start(lambda stop, i=i: Trainer(services, config.name, f"t{i}", lease_ttl_s=lease_ttl_s).run(stop))
 
 
 def train_one_pass(services, redis_conn, config, topic: str, counts: dict[int, int], trainers: int,
