@@ -22,11 +22,11 @@ system-deps:
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(PIP_FLAGS) --config-settings editable_mode=compat -e '.[test]'
+	$(PY) -m pip install -q $(PIP_FLAGS) -e '.[test]'
 	touch $@
 
 kafka-jars: $(VENV)/.installed
-	@$(PY) -c "from infra.kafka_broker import ensure_kafka_jars; print('kafka jars:', ensure_kafka_jars())"
+	@$(PY) -c "from streamtrain.infra.kafka_broker import ensure_kafka_jars; print('kafka jars:', ensure_kafka_jars())"
 
 test: setup
 	$(PY) -m pytest

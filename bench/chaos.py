@@ -48,15 +48,15 @@ import numpy as np
 
 from bench.e2e import MODELS, Workload, children, examples, job_toml, quality, steady_rate
 from bench.trainer_throughput import write_topic
-from infra import Endpoints, LocalServices, Ports
-from infra.clients import redis_client
-from jobstate.config import JobConfig
-from jobstate.errors import CoordinationError
-from jobstate.etcd import Etcd
-from jobstate.sharding import SlotMap
-from schemas import EtcdKeys, RedisKeys
+from streamtrain.infra import Endpoints, LocalServices, Ports
+from streamtrain.infra.clients import redis_client
+from streamtrain.jobstate.config import JobConfig
+from streamtrain.jobstate.errors import CoordinationError
+from streamtrain.jobstate.etcd import Etcd
+from streamtrain.jobstate.sharding import SlotMap
+from streamtrain.schemas import EtcdKeys, RedisKeys
 from streamtrain.supervisor import Supervisor, pid_alive
-from trainer.scoring import Scorer
+from streamtrain.trainer.scoring import Scorer
 
 PROCESS_FAULTS = ("trainer", "loader", "shard", "master", "freeze")
 SERVICE_FAULTS = ("kafka", "etcd", "redis")

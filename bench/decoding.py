@@ -23,8 +23,8 @@ import time
 import numpy as np
 
 from bench.e2e import Workload
-from jobstate.config import JobConfig
-from trainer.decoders import ChunkDecoder
+from streamtrain.jobstate.config import JobConfig
+from streamtrain.trainer.decoders import ChunkDecoder
 
 
 def declared_records(w: Workload, strings: bool) -> tuple[list[bytes], str]:

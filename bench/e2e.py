@@ -49,20 +49,20 @@ from confluent_kafka import Producer
 from torch import nn
 
 from bench.trainer_throughput import cpu_seconds, write_topic
-from infra import Endpoints, LocalServices, Ports
-from infra.clients import TopicSpec, ensure_topics, redis_client
-from jobstate.config import JobConfig
-from jobstate.etcd import Etcd
-from jobstate.sharding import SlotMap
-from producers.clickmodel import ClickModel, ClickModelConfig, ImpressionColumns, auc
-from schemas import EtcdKeys, Example, RedisKeys
-from trainer.features import Featurizer
-from trainer.params import RowLayout
-from trainer.scoring import Scorer
-from trainer.worker import build_model, model_spec
+from streamtrain.infra import Endpoints, LocalServices, Ports
+from streamtrain.infra.clients import TopicSpec, ensure_topics, redis_client
+from streamtrain.jobstate.config import JobConfig
+from streamtrain.jobstate.etcd import Etcd
+from streamtrain.jobstate.sharding import SlotMap
+from streamtrain.producers.clickmodel import ClickModel, ClickModelConfig, ImpressionColumns, auc
+from streamtrain.schemas import EtcdKeys, Example, RedisKeys
+from streamtrain.trainer.features import Featurizer
+from streamtrain.trainer.params import RowLayout
+from streamtrain.trainer.scoring import Scorer
+from streamtrain.trainer.worker import build_model, model_spec
 
-MODELS = {"lr": "trainer.models:LogisticRegression", "widedeep": "trainer.models:WideDeep",
-          "deepfm": "trainer.models:DeepFM"}
+MODELS = {"lr": "streamtrain.trainer.models:LogisticRegression", "widedeep": "streamtrain.trainer.models:WideDeep",
+          "deepfm": "streamtrain.trainer.models:DeepFM"}
 EMBEDDING_DIM = 8
 HASH_BUCKETS = 1 << 22
 BATCH = 512

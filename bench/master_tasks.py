@@ -24,13 +24,13 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from infra import Endpoints, LocalServices, Ports
-from infra.clients import TopicSpec, ensure_topics
-from jobstate.config import JobConfig
-from jobstate.etcd import Etcd, absent, put_op
-from jobstate.tasks import TaskClient
-from master.service import Master
-from schemas import EtcdKeys
+from streamtrain.infra import Endpoints, LocalServices, Ports
+from streamtrain.infra.clients import TopicSpec, ensure_topics
+from streamtrain.jobstate.config import JobConfig
+from streamtrain.jobstate.etcd import Etcd, absent, put_op
+from streamtrain.jobstate.tasks import TaskClient
+from streamtrain.master.service import Master
+from streamtrain.schemas import EtcdKeys
 
 
 def plain_txn_rate(endpoints: Endpoints, n: int, threads: int) -> float:

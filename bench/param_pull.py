@@ -18,14 +18,14 @@ from pathlib import Path
 import numpy as np
 import redis
 
-from infra.endpoints import Ports
-from infra.redis_server import RedisServer
-from jobstate.optimizers import SGD
-from jobstate.paramstore import ParamClient
-from jobstate.sharding import SlotMap
-from pserver.publisher import Publisher
-from pserver.state import Changes, ShardState
-from schemas import RedisKeys
+from streamtrain.infra.endpoints import Ports
+from streamtrain.infra.redis_server import RedisServer
+from streamtrain.jobstate.optimizers import SGD
+from streamtrain.jobstate.paramstore import ParamClient
+from streamtrain.jobstate.sharding import SlotMap
+from streamtrain.pserver.publisher import Publisher
+from streamtrain.pserver.state import Changes, ShardState
+from streamtrain.schemas import RedisKeys
 
 
 def timed(fn, rounds: int) -> np.ndarray:

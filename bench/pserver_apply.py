@@ -33,15 +33,15 @@ from pathlib import Path
 import numpy as np
 import redis
 
-from infra.endpoints import Ports
-from infra.redis_server import RedisServer
-from jobstate.optimizers import Adagrad
-from jobstate.rows import row_view
-from pserver.dedup import Dedup
-from pserver.publisher import Publisher
-from pserver.shard import BackgroundPublisher
-from pserver.state import Changes, ShardState
-from schemas import GradientDelta, SparseRows, TaskRecord
+from streamtrain.infra.endpoints import Ports
+from streamtrain.infra.redis_server import RedisServer
+from streamtrain.jobstate.optimizers import Adagrad
+from streamtrain.jobstate.rows import row_view
+from streamtrain.pserver.dedup import Dedup
+from streamtrain.pserver.publisher import Publisher
+from streamtrain.pserver.shard import BackgroundPublisher
+from streamtrain.pserver.state import Changes, ShardState
+from streamtrain.schemas import GradientDelta, SparseRows, TaskRecord
 
 JOB, TABLE, DIM = "bench-apply", "user", 16
 TARGET = 2_500_000  # rows/s through the whole shard (issue #4)

@@ -19,9 +19,9 @@ import time
 
 import numpy as np
 
-from jobstate.optimizers import make_rule
-from pserver.state import ShardState
-from schemas import GradientDelta, SparseRows, TaskRecord
+from streamtrain.jobstate.optimizers import make_rule
+from streamtrain.pserver.state import ShardState
+from streamtrain.schemas import GradientDelta, SparseRows, TaskRecord
 
 MIB = 1 << 20
 

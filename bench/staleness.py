@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from producers.clickmodel import ClickModel, ClickModelConfig, auc
+from streamtrain.producers.clickmodel import ClickModel, ClickModelConfig, auc
 
 BUCKETS = 1 << 20
 DIM = 8

@@ -3,7 +3,7 @@ from Redis, forward/backward, deltas produced to the gradient topics and acknowl
 beside a bare PyTorch loop over the same data and model in the same run.
 
     python -m bench.trainer_throughput [--examples 600000] [--warmup 120000] [--batch-size 256]
-                                       [--model trainer.models:LogisticRegression]
+                                       [--model streamtrain.trainer.models:LogisticRegression]
                                        [--task-records N] [--bare-runs 3]
 
 Starts its own Kafka, etcd and Redis (or uses STREAMTRAIN_KAFKA/ETCD/REDIS), a master and two
@@ -36,14 +36,14 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from infra import Endpoints, LocalServices, Ports
-from infra.clients import TopicSpec, ensure_topics
-from jobstate.config import JobConfig, TasksSection
-from jobstate.etcd import Etcd
-from producers.clickmodel import ClickModel
-from schemas import EtcdKeys, Example
-from trainer.local import LocalTrainer
-from trainer.worker import Trainer
+from streamtrain.infra import Endpoints, LocalServices, Ports
+from streamtrain.infra.clients import TopicSpec, ensure_topics
+from streamtrain.jobstate.config import JobConfig, TasksSection
+from streamtrain.jobstate.etcd import Etcd
+from streamtrain.producers.clickmodel import ClickModel
+from streamtrain.schemas import EtcdKeys, Example
+from streamtrain.trainer.local import LocalTrainer
+from streamtrain.trainer.worker import Trainer
 
 
 def job(name: str, topic: str, ckpt: Path, args: argparse.Namespace, model: ClickModel) -> JobConfig:
@@ -224,7 +224,7 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=600_000, help="examples timed")
     parser.add_argument("--warmup", type=int, default=120_000,
                         help="examples trained first, untimed: the broker's JVM compiles its hot paths")
-    parser.add_argument("--model", default="trainer.models:LogisticRegression")
+    parser.add_argument("--model", default="streamtrain.trainer.models:LogisticRegression")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--bare-runs", type=int, default=3, choices=range(1, 11), metavar="1..10",
                         help="bare loops before and after the trainer")

@@ -6,9 +6,9 @@ process, honouring `STREAMTRAIN_KAFKA`, `STREAMTRAIN_ETCD` and `STREAMTRAIN_REDI
 external clusters instead.
 """
 
-from infra.cluster import LocalServices, ServiceStatus
-from infra.endpoints import Endpoints, Ports
-from infra.errors import InfraError, MissingDependencyError, ServiceStartError
+from streamtrain.infra.cluster import LocalServices, ServiceStatus
+from streamtrain.infra.endpoints import Endpoints, Ports
+from streamtrain.infra.errors import InfraError, MissingDependencyError, ServiceStartError
 
 __all__ = [
     "Endpoints",

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from infra.endpoints import Endpoints
-from infra.errors import InfraError
+from streamtrain.infra.endpoints import Endpoints
+from streamtrain.infra.errors import InfraError
 
 
 @dataclass(frozen=True)

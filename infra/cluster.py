@@ -13,11 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.endpoints import Endpoints, Ports, record_ports, recorded_ports
-from infra.etcd_server import EtcdServer, health_ok
-from infra.kafka_broker import KafkaBroker, ensure_kafka_jars, metadata_ok
-from infra.process import ServerProcess
-from infra.redis_server import RedisServer, ping_ok
+from streamtrain.infra.endpoints import Endpoints, Ports, record_ports, recorded_ports
+from streamtrain.infra.etcd_server import EtcdServer, health_ok
+from streamtrain.infra.kafka_broker import KafkaBroker, ensure_kafka_jars, metadata_ok
+from streamtrain.infra.process import ServerProcess
+from streamtrain.infra.redis_server import RedisServer, ping_ok
 
 SERVICES = ("kafka", "etcd", "redis")
 

@@ -1,6 +1,6 @@
 """Errors raised while preparing, starting or probing the local services."""
 
-from schemas import StreamtrainError
+from streamtrain.schemas import StreamtrainError
 
 
 class InfraError(StreamtrainError, RuntimeError):

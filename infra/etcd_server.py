@@ -7,7 +7,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from infra.process import ServerProcess, require
+from streamtrain.infra.process import ServerProcess, require
 
 _INSTALL = "apt-get install -y etcd-server etcd-client"
 

@@ -17,8 +17,8 @@ import subprocess
 from importlib.resources import files
 from pathlib import Path
 
-from infra.errors import ServiceStartError
-from infra.process import ServerProcess, require
+from streamtrain.infra.errors import ServiceStartError
+from streamtrain.infra.process import ServerProcess, require
 
 BROKER_MAIN = "kafka.Kafka"
 STORAGE_TOOL = "kafka.tools.StorageTool"

@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 
-from infra.errors import MissingDependencyError, ServiceStartError
+from streamtrain.infra.errors import MissingDependencyError, ServiceStartError
 
 
 def require(program: str, install: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infra.process import ServerProcess, require
+from streamtrain.infra.process import ServerProcess, require
 
 _INSTALL = "apt-get install -y redis-server"
 

@@ -19,8 +19,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from jobstate.json_fields import JsonFields, JsonFieldsError, parse_json_fields
-from schemas import StreamtrainError
+from streamtrain.jobstate.json_fields import JsonFields, JsonFieldsError, parse_json_fields
+from streamtrain.schemas import StreamtrainError
 
 __all__ = [
     "CsvColumn",
@@ -338,7 +338,7 @@ class ModelSection:
         dense_features: how many dense features each example carries.
     """
 
-    factory: str = "trainer.models:LogisticRegression"
+    factory: str = "streamtrain.trainer.models:LogisticRegression"
     embedding_dim: int = 16
     hash_buckets: int = 2**20
     batch_size: int = 256

@@ -1,6 +1,6 @@
 """Errors of the master and of its clients (trainers, pservers). Callers never catch etcd's."""
 
-from schemas import StreamtrainError
+from streamtrain.schemas import StreamtrainError
 
 
 class MasterError(StreamtrainError, RuntimeError):

@@ -17,9 +17,9 @@ import pyetcd
 from pyetcd import exceptions as etcd_exc
 from pyetcd import transactions as tx
 
-from infra import Endpoints
-from infra.clients import etcd_client
-from jobstate.errors import CoordinationError
+from streamtrain.infra import Endpoints
+from streamtrain.infra.clients import etcd_client
+from streamtrain.jobstate.errors import CoordinationError
 
 # etcd's default --max-txn-ops is 128; stay below it with room for the fencing compares.
 MAX_TXN_OPS = 120

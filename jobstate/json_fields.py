@@ -24,7 +24,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from schemas import StreamtrainError
+from streamtrain.schemas import StreamtrainError
 
 _SEGMENT = r"[A-Za-z0-9_\-]+"
 _PATH = re.compile(rf"{_SEGMENT}(?:\.{_SEGMENT})*")

@@ -15,11 +15,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from jobstate.config import JobConfig
-from jobstate.errors import MasterError, NoFreeIndexError
-from jobstate.etcd import Etcd, Lease, absent, put_op
-from jobstate.predecessors import remove_if_gone, this_machine
-from schemas import EtcdKeys
+from streamtrain.jobstate.config import JobConfig
+from streamtrain.jobstate.errors import MasterError, NoFreeIndexError
+from streamtrain.jobstate.etcd import Etcd, Lease, absent, put_op
+from streamtrain.jobstate.predecessors import remove_if_gone, this_machine
+from streamtrain.schemas import EtcdKeys
 
 
 def read_job_config(etcd: Etcd, job: str) -> JobConfig:

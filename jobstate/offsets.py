@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from infra import Endpoints
-from jobstate.errors import MasterError
+from streamtrain.infra import Endpoints
+from streamtrain.jobstate.errors import MasterError
 
 _quiet = logging.getLogger("streamtrain.kafka-admin")
 

@@ -33,7 +33,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 import numba
 import numpy as np
 
-from schemas import StreamtrainError
+from streamtrain.schemas import StreamtrainError
 
 __all__ = [
     "Adagrad",

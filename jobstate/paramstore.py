@@ -28,10 +28,10 @@ from dataclasses import dataclass
 import numpy as np
 import redis
 
-from jobstate import resp
-from jobstate.rows import initial_rows
-from jobstate.sharding import SlotMap
-from schemas import ParamBlock, PublishedRound, RedisKeys, SchemaError, StreamtrainError, decode_rows
+from streamtrain.jobstate import resp
+from streamtrain.jobstate.rows import initial_rows
+from streamtrain.jobstate.sharding import SlotMap
+from streamtrain.schemas import ParamBlock, PublishedRound, RedisKeys, SchemaError, StreamtrainError, decode_rows
 
 # Rounds kept in a shard's stream (approximately: trimmed a node at a time). A trainer that
 # falls further behind than this drops the shard's rows and reads them again (trainer/replica.py).

@@ -18,8 +18,8 @@ import os
 import socket
 from collections.abc import Callable, Mapping
 
-from infra.process import pid_alive
-from jobstate.etcd import Etcd, create_revision_is, delete_op
+from streamtrain.infra.process import pid_alive
+from streamtrain.jobstate.etcd import Etcd, create_revision_is, delete_op
 
 log = logging.getLogger(__name__)
 

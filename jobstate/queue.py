@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
-from schemas import SchemaError, TaskId, TaskRecord
+from streamtrain.schemas import SchemaError, TaskId, TaskRecord
 
 T = TypeVar("T")
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from jobstate.optimizers import UpdateRule, clock_of, in_place
-from jobstate.sharding import mix64, name_salt
+from streamtrain.jobstate.optimizers import UpdateRule, clock_of, in_place
+from streamtrain.jobstate.sharding import mix64, name_salt
 
 _EMPTY = np.uint64(0)  # slot marker in `_keys`; real ids are stored as id + 1 (see _slot_key)
 

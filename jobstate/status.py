@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from jobstate.etcd import Etcd
-from jobstate.membership import Members, members
-from jobstate.offsets import InputOffsets, InputUnavailableError
-from schemas import EtcdKeys, PartitionCursor, SchemaError, TaskRecord
+from streamtrain.jobstate.etcd import Etcd
+from streamtrain.jobstate.membership import Members, members
+from streamtrain.jobstate.offsets import InputOffsets, InputUnavailableError
+from streamtrain.schemas import EtcdKeys, PartitionCursor, SchemaError, TaskRecord
 
 STATES = ("todo", "pending", "done", "failed")
 

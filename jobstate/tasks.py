@@ -12,11 +12,11 @@ import random
 import time
 from dataclasses import dataclass, replace
 
-from jobstate import queue
-from jobstate.errors import TaskLostError
-from jobstate.etcd import (MAX_TXN_OPS, Entry, Etcd, delete_op, mod_revision_is, nested_succeeded, put_op,
-                           txn_op, value_is)
-from schemas import EtcdKeys, SchemaError, TaskRecord
+from streamtrain.jobstate import queue
+from streamtrain.jobstate.errors import TaskLostError
+from streamtrain.jobstate.etcd import (MAX_TXN_OPS, Entry, Etcd, delete_op, mod_revision_is, nested_succeeded, put_op,
+                                       txn_op, value_is)
+from streamtrain.schemas import EtcdKeys, SchemaError, TaskRecord
 
 # Trainers pick at random among the first todo tasks in claim order they last listed, so that
 # many trainers claiming at once rarely race for one key, while old tasks still go first. A
@@ -52,7 +52,7 @@ class TaskClient:
     @classmethod
     def for_job(cls, etcd: Etcd, job: str, trainer_id: str) -> TaskClient:
         """A client with the timeout and attempt limit of the job's stored config."""
-        from jobstate.membership import read_job_config
+        from streamtrain.jobstate.membership import read_job_config
 
         config = read_job_config(etcd, job)
         return cls(etcd, job, trainer_id, config.tasks.timeout_s, config.tasks.max_attempts)

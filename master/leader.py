@@ -15,9 +15,9 @@ import threading
 
 from pyetcd import transactions as tx
 
-from jobstate.errors import CoordinationError, NotLeaderError
-from jobstate.etcd import Compare, Etcd, Lease, absent, create_revision_is, put_op
-from jobstate.predecessors import remove_if_gone
+from streamtrain.jobstate.errors import CoordinationError, NotLeaderError
+from streamtrain.jobstate.etcd import Compare, Etcd, Lease, absent, create_revision_is, put_op
+from streamtrain.jobstate.predecessors import remove_if_gone
 
 log = logging.getLogger(__name__)
 

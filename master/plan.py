@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from schemas import PartitionCursor, TaskRecord
+from streamtrain.schemas import PartitionCursor, TaskRecord
 
 
 def cut(cursor: PartitionCursor, end: int, max_records: int, linger_due: bool,

@@ -15,19 +15,19 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from infra import Endpoints
-from jobstate import queue
-from jobstate.config import JobConfig
-from jobstate.errors import CoordinationError, NotLeaderError
-from jobstate.etcd import (MAX_TXN_OPS, Entry, Etcd, Op, absent, delete_op, delete_prefix_op, mod_revision_is,
-                           nested_succeeded, put_op, txn_op)
-from jobstate.observability import MasterMetrics
-from jobstate.offsets import InputOffsets, InputUnavailableError, Partition
-from jobstate.predecessors import this_machine
-from jobstate.sharding import SlotMap
-from master import plan
-from master.leader import LeaderLock
-from schemas import EtcdKeys, PartitionCursor, SchemaError, TaskRecord
+from streamtrain.infra import Endpoints
+from streamtrain.jobstate import queue
+from streamtrain.jobstate.config import JobConfig
+from streamtrain.jobstate.errors import CoordinationError, NotLeaderError
+from streamtrain.jobstate.etcd import (MAX_TXN_OPS, Entry, Etcd, Op, absent, delete_op, delete_prefix_op,
+                                       mod_revision_is, nested_succeeded, put_op, txn_op)
+from streamtrain.jobstate.observability import MasterMetrics
+from streamtrain.jobstate.offsets import InputOffsets, InputUnavailableError, Partition
+from streamtrain.jobstate.predecessors import this_machine
+from streamtrain.jobstate.sharding import SlotMap
+from streamtrain.master import plan
+from streamtrain.master.leader import LeaderLock
+from streamtrain.schemas import EtcdKeys, PartitionCursor, SchemaError, TaskRecord
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from infra.signals import stop_on_signals
+from streamtrain.infra.signals import stop_on_signals
 
 produce_app = typer.Typer(help="Write records to Kafka: a synthetic click log, or a file replay.",
                           no_args_is_help=True)
@@ -57,12 +57,12 @@ def synthetic_cmd(
 ) -> None:
     """A synthetic click log from a known model: impressions now, each click after a realistic
     delay, keyed by impression id; or, with --labelled, examples ready to train on."""
-    from infra import Endpoints
-    from infra.clients import TopicSpec, ensure_topics
-    from producers.clickmodel import ClickModelConfig
-    from producers.errors import ProducerError
-    from producers.sink import KafkaSink
-    from producers.synthetic import SyntheticSource, SyntheticSourceConfig
+    from streamtrain.infra import Endpoints
+    from streamtrain.infra.clients import TopicSpec, ensure_topics
+    from streamtrain.producers.clickmodel import ClickModelConfig
+    from streamtrain.producers.errors import ProducerError
+    from streamtrain.producers.sink import KafkaSink
+    from streamtrain.producers.synthetic import SyntheticSource, SyntheticSourceConfig
 
     labelled = labelled or topic is not None
     try:
@@ -108,11 +108,11 @@ def file_cmd(
         "the header's.", show_default=False)] = None,
 ) -> None:
     """Replay a file onto a topic, one record per row, streaming in batches."""
-    from infra import Endpoints
-    from infra.clients import TopicSpec, ensure_topics
-    from producers.errors import ProducerError
-    from producers.replay import FileReplay, ReplayConfig
-    from producers.sink import KafkaSink
+    from streamtrain.infra import Endpoints
+    from streamtrain.infra.clients import TopicSpec, ensure_topics
+    from streamtrain.producers.errors import ProducerError
+    from streamtrain.producers.replay import FileReplay, ReplayConfig
+    from streamtrain.producers.sink import KafkaSink
 
     try:
         config = ReplayConfig(path, topic, format=fmt, rate=rate, loop=loop, value=value, key_column=key,
@@ -143,9 +143,9 @@ def join_cmd(
 ) -> None:
     """Join impressions with their clicks into labelled examples, exactly once across restarts:
     label 1 when the click comes within the window, label 0 when the window closes without one."""
-    from infra import Endpoints
-    from producers.errors import ProducerError
-    from producers.joiner import Joiner, JoinerConfig
+    from streamtrain.infra import Endpoints
+    from streamtrain.producers.errors import ProducerError
+    from streamtrain.producers.joiner import Joiner, JoinerConfig
 
     _setup_logging(verbose)
     try:

@@ -14,8 +14,8 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from producers.errors import ProducerError
-import schemas
+from streamtrain import schemas
+from streamtrain.producers.errors import ProducerError
 
 VERSION = 1
 

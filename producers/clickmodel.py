@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-import schemas
+from streamtrain import schemas
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 # Streams of the counter-based hash: one independent uniform per draw of an impression.

@@ -1,6 +1,6 @@
 """Errors of the producers and the joiner. Callers never catch Kafka's or pyarrow's."""
 
-from schemas import StreamtrainError
+from streamtrain.schemas import StreamtrainError
 
 
 class ProducerError(StreamtrainError, RuntimeError):

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from producers.clicklog import ClickLogError, ClickRecord, ImpressionRecord
-from producers.errors import ProducerError
-from producers.joinstate import Emit, JoinState, StateChange, Waiting
+from streamtrain.producers.clicklog import ClickLogError, ClickRecord, ImpressionRecord
+from streamtrain.producers.errors import ProducerError
+from streamtrain.producers.joinstate import Emit, JoinState, StateChange, Waiting
 
 log = logging.getLogger("streamtrain.joiner")
 
@@ -219,8 +219,8 @@ class Joiner:
         """Check the inputs are co-partitioned; create the changelog and output if missing."""
         from confluent_kafka.admin import AdminClient
 
-        from infra import Endpoints
-        from infra.clients import TopicSpec, ensure_topics
+        from streamtrain.infra import Endpoints
+        from streamtrain.infra.clients import TopicSpec, ensure_topics
 
         cfg = self.config
         meta = AdminClient({"bootstrap.servers": self._bootstrap}).list_topics(timeout=30).topics

@@ -15,8 +15,8 @@ import heapq
 import json
 from dataclasses import dataclass
 
-from producers.clicklog import ImpressionRecord
-import schemas
+from streamtrain import schemas
+from streamtrain.producers.clicklog import ImpressionRecord
 
 
 @dataclass(frozen=True)

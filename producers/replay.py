@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from producers.errors import ReplayError
-from producers.pacing import TokenBucket
-from producers.sink import KafkaSink
+from streamtrain.producers.errors import ReplayError
+from streamtrain.producers.pacing import TokenBucket
+from streamtrain.producers.sink import KafkaSink
 
 FORMATS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".json": "jsonl",
            ".ndjson": "jsonl"}

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from confluent_kafka import KafkaException, Producer
 
-from producers.errors import DeliveryError
+from streamtrain.producers.errors import DeliveryError
 
 
 class KafkaSink:

@@ -17,7 +17,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from schemas import GradientDelta
+from streamtrain.schemas import GradientDelta
 
 
 @dataclass

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow.fs as pafs
 
-from jobstate.optimizers import UpdateRule
-from jobstate.rows import RowTable
-from pserver.dedup import Dedup
-from pserver.state import DenseBlock, ShardState
-from schemas import CheckpointManifest, FileEntry, SchemaError, StreamtrainError
+from streamtrain.jobstate.optimizers import UpdateRule
+from streamtrain.jobstate.rows import RowTable
+from streamtrain.pserver.dedup import Dedup
+from streamtrain.pserver.state import DenseBlock, ShardState
+from streamtrain.schemas import CheckpointManifest, FileEntry, SchemaError, StreamtrainError
 
 MANIFEST = "MANIFEST.json"
 

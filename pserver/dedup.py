@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from schemas import TaskRecord
+from streamtrain.schemas import TaskRecord
 
 Partition = tuple[str, int]
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 import redis
 
-from jobstate import resp
-from jobstate.paramstore import ROUNDS_FIELD, ROUNDS_KEPT, Flushed, stream_id
-from pserver.state import Changes, ShardState
-from schemas import ParamBlock, PublishedRound, RedisKeys, RoundRows, encode_rows_matrix
+from streamtrain.jobstate import resp
+from streamtrain.jobstate.paramstore import ROUNDS_FIELD, ROUNDS_KEPT, Flushed, stream_id
+from streamtrain.pserver.state import Changes, ShardState
+from streamtrain.schemas import ParamBlock, PublishedRound, RedisKeys, RoundRows, encode_rows_matrix
 
 _CHUNK = 8192  # keys per MSET: large enough to amortise, small enough not to stall Redis
 # How often the row keys are brought up to date. Longer writes fewer keys (a hot row once per

@@ -27,21 +27,21 @@ import numpy as np
 import redis
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
-from infra import Endpoints
-from infra.clients import TopicSpec, ensure_topics, redis_client
-from jobstate.config import JobConfig
-from jobstate.errors import CoordinationError, MasterError
-from jobstate.etcd import Etcd
-from jobstate.membership import register_pserver, wait_for_job_config
-from jobstate.observability import PserverMetrics
-from jobstate.offsets import InputOffsets, InputUnavailableError
-from jobstate.optimizers import make_rule
-from jobstate.sharding import SlotMap
-from pserver.barrier import StepBarrier
-from pserver.checkpoint import CheckpointStore, new_checkpoint_id
-from pserver.publisher import Publisher, Snapshot
-from pserver.state import BadDeltaError, Changes, ShardState, newest
-from schemas import DeadLetter, EtcdKeys, GradientDelta, PartitionCursor, RedisKeys, SchemaError, Topics
+from streamtrain.infra import Endpoints
+from streamtrain.infra.clients import TopicSpec, ensure_topics, redis_client
+from streamtrain.jobstate.config import JobConfig
+from streamtrain.jobstate.errors import CoordinationError, MasterError
+from streamtrain.jobstate.etcd import Etcd
+from streamtrain.jobstate.membership import register_pserver, wait_for_job_config
+from streamtrain.jobstate.observability import PserverMetrics
+from streamtrain.jobstate.offsets import InputOffsets, InputUnavailableError
+from streamtrain.jobstate.optimizers import make_rule
+from streamtrain.jobstate.sharding import SlotMap
+from streamtrain.pserver.barrier import StepBarrier
+from streamtrain.pserver.checkpoint import CheckpointStore, new_checkpoint_id
+from streamtrain.pserver.publisher import Publisher, Snapshot
+from streamtrain.pserver.state import BadDeltaError, Changes, ShardState, newest
+from streamtrain.schemas import DeadLetter, EtcdKeys, GradientDelta, PartitionCursor, RedisKeys, SchemaError, Topics
 
 log = logging.getLogger(__name__)
 

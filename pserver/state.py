@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from jobstate.optimizers import UpdateRule
-from jobstate.rows import RowTable
-from pserver.dedup import Dedup
-from schemas import GradientDelta, StreamtrainError, TaskRecord
+from streamtrain.jobstate.optimizers import UpdateRule
+from streamtrain.jobstate.rows import RowTable
+from streamtrain.pserver.dedup import Dedup
+from streamtrain.schemas import GradientDelta, StreamtrainError, TaskRecord
 
 
 class BadDeltaError(StreamtrainError, ValueError):

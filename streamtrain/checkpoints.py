@@ -26,8 +26,8 @@ import json
 import time
 from dataclasses import dataclass
 
-from jobstate.etcd import Etcd, delete_op, value_is
-from schemas import EtcdKeys, StreamtrainError
+from streamtrain.jobstate.etcd import Etcd, delete_op, value_is
+from streamtrain.schemas import EtcdKeys, StreamtrainError
 
 
 class CheckpointError(StreamtrainError, RuntimeError):
@@ -106,8 +106,8 @@ def request_checkpoint(etcd: Etcd, job: str, wait_s: float = 60.0, poll_s: float
 
 
 def _request(etcd: Etcd, job: str, wait_s: float, poll_s: float, record_job: bool = False) -> Checkpoint:
-    from jobstate.membership import members
-    from pserver.checkpoint import new_checkpoint_id
+    from streamtrain.jobstate.membership import members
+    from streamtrain.pserver.checkpoint import new_checkpoint_id
 
     keys = EtcdKeys(job)
     n = shard_count(etcd, job)

@@ -11,12 +11,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from infra import Endpoints, InfraError, LocalServices, Ports
-from infra.endpoints import state_home
-from infra.signals import stop_on_signals
+from streamtrain.infra import Endpoints, InfraError, LocalServices, Ports
+from streamtrain.infra.endpoints import state_home
+from streamtrain.infra.signals import stop_on_signals
 
 if TYPE_CHECKING:
-    from jobstate.config import JobConfig
+    from streamtrain.jobstate.config import JobConfig
 
 app = typer.Typer(
     name="streamtrain",
@@ -123,7 +123,7 @@ MetricsPortOpt = Annotated[Optional[int], typer.Option(
 
 
 def _serve_metrics(port: int | None, process: str) -> None:
-    from jobstate.observability import serve_metrics
+    from streamtrain.jobstate.observability import serve_metrics
 
     bound = serve_metrics(port or 0)
     logging.getLogger(f"streamtrain.{process}").info("metrics at http://0.0.0.0:%d/metrics", bound)
@@ -144,7 +144,7 @@ def _job_name(job: str) -> str:
 
 
 def _load_config(path: Path) -> JobConfig:
-    from jobstate.config import JobConfig, JobConfigError
+    from streamtrain.jobstate.config import JobConfig, JobConfigError
 
     try:
         return JobConfig.load(path)
@@ -162,9 +162,9 @@ def master_cmd(
 ) -> None:
     """Run the job's master: waits as standby until it holds the lock, then slices and
     dispatches. Exits 3 when it loses the lock (a supervisor restarts it as a standby)."""
-    from jobstate.errors import MasterError, NotLeaderError
-    from jobstate.etcd import Etcd
-    from master.service import Master
+    from streamtrain.jobstate.errors import MasterError, NotLeaderError
+    from streamtrain.jobstate.etcd import Etcd
+    from streamtrain.master.service import Master
 
     _setup_logging(verbose)
     config = _load_config(job)
@@ -200,10 +200,10 @@ def pserver_cmd(
 ) -> None:
     """Run one parameter-server shard: recover from its newest checkpoint, replay its gradient
     topic, then apply and serve. Exits 3 if it loses its lease (a supervisor restarts it)."""
-    from jobstate.errors import MasterError
-    from jobstate.optimizers import UpdateRuleError
-    from pserver.checkpoint import CheckpointError
-    from pserver.shard import PserverShard, ShardLostError, ShardOptions
+    from streamtrain.jobstate.errors import MasterError
+    from streamtrain.jobstate.optimizers import UpdateRuleError
+    from streamtrain.pserver.checkpoint import CheckpointError
+    from streamtrain.pserver.shard import PserverShard, ShardLostError, ShardOptions
 
     _setup_logging(verbose)
     stop = stop_on_signals()
@@ -237,8 +237,8 @@ def trainer_cmd(
 ) -> None:
     """Run a trainer: claim tasks, read exactly their offsets, train, push gradients, until
     stopped. SIGTERM releases the current task cleanly."""
-    from jobstate.errors import MasterError
-    from trainer.worker import Trainer
+    from streamtrain.jobstate.errors import MasterError
+    from streamtrain.trainer.worker import Trainer
 
     _setup_logging(verbose)
     stop = stop_on_signals()
@@ -278,9 +278,9 @@ def job_status_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the status as JSON.")] = False,
 ) -> None:
     """Queue sizes, cursors against end offsets (lag), members, failed tasks with reasons."""
-    from jobstate.etcd import Etcd
-    from jobstate.offsets import InputOffsets
-    from jobstate.status import job_status
+    from streamtrain.jobstate.etcd import Etcd
+    from streamtrain.jobstate.offsets import InputOffsets
+    from streamtrain.jobstate.status import job_status
 
     endpoints = Endpoints.resolve()
     etcd = Etcd.connect(endpoints)
@@ -369,8 +369,8 @@ def checkpoint_cmd(
 ) -> None:
     """Checkpoint every pserver shard of a running job now; once all have registered it, record
     it as checkpoints/latest and print its id. Exits 1 naming the shards that did not answer."""
-    from jobstate.etcd import Etcd
     from streamtrain.checkpoints import CheckpointError, request_checkpoint
+    from streamtrain.jobstate.etcd import Etcd
 
     etcd = Etcd.connect(Endpoints.resolve())
     try:
@@ -392,9 +392,9 @@ def rollback_cmd(
 ) -> None:
     """Return the whole job to a checkpoint: shards load it and skip the gradients since, the
     master requeues the tasks trained since, trainers train them again."""
-    from jobstate.etcd import Etcd
-    from schemas import EtcdKeys
     from streamtrain.checkpoints import CheckpointError, rollback
+    from streamtrain.jobstate.etcd import Etcd
+    from streamtrain.schemas import EtcdKeys
 
     name = _job_name(job)
     etcd = Etcd.connect(Endpoints.resolve())
@@ -423,9 +423,9 @@ def job_check_cmd(
     """Decode a sample of the job's input as its trainers would and show what comes out, so a
     job file can be fixed before training: fields found, ids per record, label rate, bad
     records with their reasons."""
-    from jobstate.offsets import InputOffsets, InputUnavailableError
-    from trainer.check import check_records, sample_ranges
-    from trainer.reader import RangeReader
+    from streamtrain.jobstate.offsets import InputOffsets, InputUnavailableError
+    from streamtrain.trainer.check import check_records, sample_ranges
+    from streamtrain.trainer.reader import RangeReader
 
     config = _load_config(job)
     endpoints = Endpoints.resolve()
@@ -490,7 +490,7 @@ def job_run_cmd(
         raise typer.Exit(1)
 
 
-from producers.cli import join_cmd, produce_app  # noqa: E402  (registered last: optional heavy imports stay lazy)
+from streamtrain.producers.cli import join_cmd, produce_app  # noqa: E402  (registered last: optional heavy imports stay lazy)
 app.add_typer(produce_app, name="produce")
 app.command("join")(join_cmd)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from infra import Endpoints
+from streamtrain.infra import Endpoints
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +103,9 @@ def write_curves(endpoints: Endpoints, job: str, logdir: Path, stop: threading.E
     number of task records written."""
     from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
 
-    from infra.clients import TopicSpec, ensure_topics
-    from jobstate.offsets import InputOffsets
-    from schemas import Topics
+    from streamtrain.infra.clients import TopicSpec, ensure_topics
+    from streamtrain.jobstate.offsets import InputOffsets
+    from streamtrain.schemas import Topics
 
     topic = Topics(job).metrics
     ensure_topics(endpoints, [TopicSpec(topic)])  # as the trainers create it: follow a job not started yet

@@ -24,9 +24,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.live import Live
 
-from infra import Endpoints, LocalServices
-from infra.endpoints import ENV_ETCD, ENV_KAFKA, ENV_REDIS
-from infra.signals import handle_stop_signals
+from streamtrain.infra import Endpoints, LocalServices
+from streamtrain.infra.endpoints import ENV_ETCD, ENV_KAFKA, ENV_REDIS
+from streamtrain.infra.signals import handle_stop_signals
 from streamtrain.supervisor import Supervisor
 
 INPUT_TOPIC = "demo.examples"
@@ -77,7 +77,7 @@ class DemoPlan:
 
 
 def job_toml(job: str, checkpoint_uri: str) -> str:
-    from producers.clickmodel import ClickModel
+    from streamtrain.producers.clickmodel import ClickModel
 
     model = ClickModel()
     fields = ", ".join(f'"{f}"' for f in model.fields)
@@ -98,7 +98,7 @@ linger_ms = 300
 timeout_s = 20
 
 [model]
-factory = "trainer.models:LogisticRegression"
+factory = "streamtrain.trainer.models:LogisticRegression"
 sparse_fields = [{fields}]
 dense_features = {model.dense_features}
 batch_size = 256
@@ -115,8 +115,8 @@ checkpoint_every_s = 30
 
 def prepare(endpoints: Endpoints, home: Path, job: str | None = None) -> DemoPlan:
     """Topics and job file of a fresh demo job."""
-    from infra.clients import TopicSpec, ensure_topics
-    from schemas import Topics
+    from streamtrain.infra.clients import TopicSpec, ensure_topics
+    from streamtrain.schemas import Topics
 
     job = job or time.strftime("demo-%Y%m%d-%H%M%S")
     plan = DemoPlan(job, home / "demo" / job)

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from infra import Endpoints
-from infra.endpoints import ENV_ETCD, ENV_KAFKA, ENV_REDIS
+from streamtrain.infra import Endpoints
+from streamtrain.infra.endpoints import ENV_ETCD, ENV_KAFKA, ENV_REDIS
 
 STATE_CHECK_S = 1.0
 
@@ -52,7 +52,7 @@ def start_children(supervisor, job_file: Path, job: str, pservers: int, trainers
 
 
 def job_state(etcd, job: str) -> str | None:
-    from schemas import EtcdKeys
+    from streamtrain.schemas import EtcdKeys
 
     entry = etcd.get(EtcdKeys(job).state)
     if entry is None:
@@ -66,11 +66,11 @@ def job_state(etcd, job: str) -> str | None:
 def run_job(endpoints: Endpoints, job_file: Path, config, console: Console, *, log_dir: Path,
             trainers: int = 2, stop: threading.Event | None = None) -> JobRunSummary:
     """Run the job until SIGINT/SIGTERM (or `stop` is set). `config` is the loaded job file."""
-    from infra.clients import TopicSpec, ensure_topics
-    from infra.signals import handle_stop_signals
-    from schemas import Topics
     from streamtrain.demo import _loop_headless
+    from streamtrain.infra.clients import TopicSpec, ensure_topics
+    from streamtrain.infra.signals import handle_stop_signals
     from streamtrain.live import JobMonitor, headline
+    from streamtrain.schemas import Topics
     from streamtrain.supervisor import Supervisor, pid_alive
 
     started = time.monotonic()

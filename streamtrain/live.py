@@ -22,7 +22,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from infra import Endpoints
+from streamtrain.infra import Endpoints
 from streamtrain.supervisor import Supervisor
 
 ROLLING_TASKS = 20
@@ -59,10 +59,10 @@ class JobMonitor:
     def __init__(self, endpoints: Endpoints, job: str, pservers: int, started: float) -> None:
         from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-        from infra.clients import redis_client
-        from jobstate.etcd import Etcd
-        from jobstate.offsets import InputOffsets
-        from schemas import RedisKeys, Topics
+        from streamtrain.infra.clients import redis_client
+        from streamtrain.jobstate.etcd import Etcd
+        from streamtrain.jobstate.offsets import InputOffsets
+        from streamtrain.schemas import RedisKeys, Topics
 
         self.job = job
         self.started = started
@@ -110,7 +110,7 @@ class JobMonitor:
                     self.recent.append(doc)
 
     def sample(self) -> Snapshot:
-        from jobstate.status import job_status
+        from streamtrain.jobstate.status import job_status
 
         now_wall, now = time.time(), time.monotonic()
         snap = Snapshot(elapsed_s=now - self.started)

@@ -15,8 +15,8 @@ import binascii
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from infra import Endpoints
-from schemas import StreamtrainError
+from streamtrain.infra import Endpoints
+from streamtrain.schemas import StreamtrainError
 
 
 class PredictError(StreamtrainError, RuntimeError):
@@ -46,13 +46,13 @@ class Predictor:
     @classmethod
     def connect(cls, endpoints: Endpoints, job: str) -> tuple[Predictor, object]:
         """Returns the predictor and the Redis client it scores through (close it when done)."""
-        from infra.clients import redis_client
-        from jobstate.config import JobConfigError
-        from jobstate.errors import MasterError
-        from jobstate.etcd import Etcd
-        from jobstate.membership import read_job_config
-        from jobstate.sharding import SlotMap
-        from schemas import EtcdKeys
+        from streamtrain.infra.clients import redis_client
+        from streamtrain.jobstate.config import JobConfigError
+        from streamtrain.jobstate.errors import MasterError
+        from streamtrain.jobstate.etcd import Etcd
+        from streamtrain.jobstate.membership import read_job_config
+        from streamtrain.jobstate.sharding import SlotMap
+        from streamtrain.schemas import EtcdKeys
 
         etcd = Etcd.connect(endpoints)
         try:
@@ -66,8 +66,8 @@ class Predictor:
             slot_map = SlotMap.from_json(slots.value)
         finally:
             etcd.close()
-        from trainer.decoders import make_decoder
-        from trainer.scoring import Scorer  # torch: imported once there is a job to score
+        from streamtrain.trainer.decoders import make_decoder
+        from streamtrain.trainer.scoring import Scorer  # torch: imported once there is a job to score
 
         try:
             decoder = make_decoder(config.input)
@@ -92,7 +92,7 @@ class Predictor:
             yield from self._score(batch)
 
     def _decode(self, value: bytes):
-        from trainer.decoders import DecodeError
+        from streamtrain.trainer.decoders import DecodeError
 
         if self.base64:
             try:
@@ -109,7 +109,7 @@ class Predictor:
         return example
 
     def _score(self, batch: list[tuple[int, object]]) -> Iterator[Result]:
-        from jobstate.paramstore import ParamsUnavailableError
+        from streamtrain.jobstate.paramstore import ParamsUnavailableError
 
         examples = [item for _, item in batch if not isinstance(item, str)]
         try:

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from infra import Endpoints, LocalServices, Ports
-from infra.clients import TopicSpec, ensure_topics, etcd_client, redis_client
+from streamtrain.infra import Endpoints, LocalServices, Ports
+from streamtrain.infra.clients import TopicSpec, ensure_topics, etcd_client, redis_client
 
 
 @pytest.fixture(scope="session")

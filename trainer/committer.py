@@ -26,10 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from jobstate.errors import CoordinationError, TaskLostError
-from jobstate.tasks import ClaimedTask, TaskClient
-from trainer.delivery import Delivery, DeliveryError, Messages
-from trainer.metrics import TaskMetrics
+from streamtrain.jobstate.errors import CoordinationError, TaskLostError
+from streamtrain.jobstate.tasks import ClaimedTask, TaskClient
+from streamtrain.trainer.delivery import Delivery, DeliveryError, Messages
+from streamtrain.trainer.metrics import TaskMetrics
 
 Ending = Literal["done", "lost", "failed"]
 

@@ -20,9 +20,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from jobstate.json_fields import JsonFields, LabelRule
-from schemas import Example
-from trainer.features import Columns
+from streamtrain.jobstate.json_fields import JsonFields, LabelRule
+from streamtrain.schemas import Example
+from streamtrain.trainer.features import Columns
 
 _MISSING = object()
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)

@@ -32,10 +32,10 @@ import pyarrow.compute as pc
 import pyarrow.csv as pv
 import pyarrow.json as pj
 
-from jobstate.config import CsvColumn, InputSection
-from schemas import Example, SchemaError, StreamtrainError
-from trainer.declared import DeclaredJson, DeclaredJsonFast, object_lines
-from trainer.features import Columns
+from streamtrain.jobstate.config import CsvColumn, InputSection
+from streamtrain.schemas import Example, SchemaError, StreamtrainError
+from streamtrain.trainer.declared import DeclaredJson, DeclaredJsonFast, object_lines
+from streamtrain.trainer.features import Columns
 
 Decoder = Callable[[bytes], Example]
 
@@ -455,7 +455,7 @@ def _guarded(decode: Callable[[bytes], Example], user: bool = False) -> Decoder:
             reason = f"{type(exc).__module__}.{type(exc).__name__}: {exc}" if user else str(exc)
             raise DecodeError(reason or type(exc).__name__) from exc
         if not isinstance(example, Example):
-            raise DecodeError(f"decoder returned {type(example).__name__}, not schemas.Example")
+            raise DecodeError(f"decoder returned {type(example).__name__}, not streamtrain.schemas.Example")
         return example
 
     return run

@@ -29,8 +29,8 @@ import time
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from infra import Endpoints
-from schemas import StreamtrainError
+from streamtrain.infra import Endpoints
+from streamtrain.schemas import StreamtrainError
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from operator import attrgetter, methodcaller
 
 import numpy as np
 
-from jobstate.sharding import mix64, name_salt
-from schemas import Example
+from streamtrain.jobstate.sharding import mix64, name_salt
+from streamtrain.schemas import Example
 
 
 _SPARSE, _DENSE, _LABEL, _TIME = (attrgetter(a) for a in ("sparse", "dense", "label", "event_time_ms"))

@@ -30,8 +30,8 @@ from contextlib import closing
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from jobstate.errors import CoordinationError, TaskLostError
-from jobstate.tasks import ClaimedTask
+from streamtrain.jobstate.errors import CoordinationError, TaskLostError
+from streamtrain.jobstate.tasks import ClaimedTask
 
 log = logging.getLogger(__name__)
 

@@ -34,12 +34,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-from infra import Endpoints
-from jobstate.config import InputSection
-from schemas import StreamtrainError
-from trainer.decoders import ChunkDecoder
-from trainer.features import Batch, Featurizer
-from trainer.reader import RangeReader
+from streamtrain.infra import Endpoints
+from streamtrain.jobstate.config import InputSection
+from streamtrain.schemas import StreamtrainError
+from streamtrain.trainer.decoders import ChunkDecoder
+from streamtrain.trainer.features import Batch, Featurizer
+from streamtrain.trainer.reader import RangeReader
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class RecordLoader:
     def _start(self) -> None:
         ours, theirs = socket.socketpair()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # user decoders
-        self._proc = subprocess.Popen([sys.executable, "-m", "trainer.loader", str(theirs.fileno())],
+        self._proc = subprocess.Popen([sys.executable, "-m", "streamtrain.trainer.loader", str(theirs.fileno())],
                                       pass_fds=[theirs.fileno()], env=env)
         theirs.close()
         self._conn = Connection(ours.detach())
@@ -313,8 +313,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    # Run as `python -m trainer.loader`, this file is `__main__`: what it pickles must name
+    # Run as `python -m streamtrain.trainer.loader`, this file is `__main__`: what it pickles must name
     # the classes of the importable module, which the trainer unpickles.
-    from trainer import loader
+    from streamtrain.trainer import loader
 
     loader.main()

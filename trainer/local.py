@@ -16,13 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from jobstate.config import JobConfig
-from jobstate.rows import initial_rows
-from schemas import Example
-from trainer.decoders import ChunkDecoder
-from trainer.features import Batch, Featurizer, MiniBatches, pool
-from trainer.params import INIT_SCALE, DenseLayout, RowLayout
-from trainer.worker import build_model, model_spec, use_torch_threads
+from streamtrain.jobstate.config import JobConfig
+from streamtrain.jobstate.rows import initial_rows
+from streamtrain.schemas import Example
+from streamtrain.trainer.decoders import ChunkDecoder
+from streamtrain.trainer.features import Batch, Featurizer, MiniBatches, pool
+from streamtrain.trainer.params import INIT_SCALE, DenseLayout, RowLayout
+from streamtrain.trainer.worker import build_model, model_spec, use_torch_threads
 
 _OPTIMIZERS = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
 _SPARSE = {"adam": torch.optim.SparseAdam}  # where torch's rule takes no sparse gradients

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from jobstate.optimizers import UpdateRule
-from jobstate.rows import RowTable
+from streamtrain.jobstate.optimizers import UpdateRule
+from streamtrain.jobstate.rows import RowTable
 
 Block = tuple[str, int]
 

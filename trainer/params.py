@@ -22,11 +22,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from jobstate.paramstore import ParamClient, ParamsUnavailableError, PendingPull, Pull
-from jobstate.sharding import SlotMap
-from schemas import DenseSlice, GradientDelta, SparseRows
-from trainer.own import OwnPushes
-from trainer.replica import RowReplica
+from streamtrain.jobstate.paramstore import ParamClient, ParamsUnavailableError, PendingPull, Pull
+from streamtrain.jobstate.sharding import SlotMap
+from streamtrain.schemas import DenseSlice, GradientDelta, SparseRows
+from streamtrain.trainer.own import OwnPushes
+from streamtrain.trainer.replica import RowReplica
 
 BLOCK = 4096
 INIT_SCALE = 0.01  # sparse rows' initial scale: the pservers' ShardState default

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from infra import Endpoints
-from schemas import StreamtrainError
+from streamtrain.infra import Endpoints
+from streamtrain.schemas import StreamtrainError
 
 log = logging.getLogger(__name__)
 

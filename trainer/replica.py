@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jobstate.paramstore import Flushed, Round
-from jobstate.rows import IdIndex, row_view
-from schemas import PublishedRound
+from streamtrain.jobstate.paramstore import Flushed, Round
+from streamtrain.jobstate.rows import IdIndex, row_view
+from streamtrain.schemas import PublishedRound
 
 START = b"0-0"  # a stream position before every entry
 

@@ -9,13 +9,13 @@ import numpy as np
 import redis
 import torch
 
-from jobstate.config import JobConfig
-from jobstate.paramstore import ParamClient
-from jobstate.sharding import SlotMap
-from schemas import Example
-from trainer.features import Featurizer, pool
-from trainer.params import DenseLayout, ParamSync, RowLayout
-from trainer.worker import build_model, model_spec
+from streamtrain.jobstate.config import JobConfig
+from streamtrain.jobstate.paramstore import ParamClient
+from streamtrain.jobstate.sharding import SlotMap
+from streamtrain.schemas import Example
+from streamtrain.trainer.features import Featurizer, pool
+from streamtrain.trainer.params import DenseLayout, ParamSync, RowLayout
+from streamtrain.trainer.worker import build_model, model_spec
 
 
 class Scorer:

@@ -27,9 +27,9 @@ from collections.abc import Callable
 
 import redis
 
-from jobstate.paramstore import ChannelWatch
-from schemas import RedisKeys
-from trainer.own import OwnPushes
+from streamtrain.jobstate.paramstore import ChannelWatch
+from streamtrain.schemas import RedisKeys
+from streamtrain.trainer.own import OwnPushes
 
 log = logging.getLogger(__name__)
 

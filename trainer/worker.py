@@ -26,30 +26,30 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.nn.functional as F
-from infra import Endpoints
-from infra.clients import TopicSpec, ensure_topics, redis_client
-from jobstate.config import JobConfig
-from jobstate.errors import CoordinationError, MasterError, TaskLostError
-from jobstate.etcd import Etcd
-from jobstate.membership import register_trainer, wait_for_job_config
-from jobstate.observability import TrainerMetrics
-from jobstate.optimizers import make_rule
-from jobstate.paramstore import AppliedWatch, ParamClient, ParamsUnavailableError
-from jobstate.sharding import SlotMap
-from jobstate.tasks import ClaimedTask, TaskClient
-from schemas import DeadLetter, EtcdKeys, Topics
-from trainer.committer import Committer, Ended
-from trainer.delivery import Delivery, DeliveryError
-from trainer.features import Batch, MiniBatches, pool
-from trainer.feed import Chunk, TaskFeed
-from trainer.loader import BadRecord, Loaded, LoaderSpec, RecordLoader
-from trainer.metrics import TaskMetrics
-from trainer.models import ModelSpec
-from trainer.own import OwnPushes, OwnRows, RowChange
-from trainer.params import DenseLayout, GradientBuffer, ParamSync, RowLayout
-from trainer.reader import RangeReadError
-from trainer.replica import RowReplica
-from trainer.steps import InFlight, StepGate
+from streamtrain.infra import Endpoints
+from streamtrain.infra.clients import TopicSpec, ensure_topics, redis_client
+from streamtrain.jobstate.config import JobConfig
+from streamtrain.jobstate.errors import CoordinationError, MasterError, TaskLostError
+from streamtrain.jobstate.etcd import Etcd
+from streamtrain.jobstate.membership import register_trainer, wait_for_job_config
+from streamtrain.jobstate.observability import TrainerMetrics
+from streamtrain.jobstate.optimizers import make_rule
+from streamtrain.jobstate.paramstore import AppliedWatch, ParamClient, ParamsUnavailableError
+from streamtrain.jobstate.sharding import SlotMap
+from streamtrain.jobstate.tasks import ClaimedTask, TaskClient
+from streamtrain.schemas import DeadLetter, EtcdKeys, Topics
+from streamtrain.trainer.committer import Committer, Ended
+from streamtrain.trainer.delivery import Delivery, DeliveryError
+from streamtrain.trainer.features import Batch, MiniBatches, pool
+from streamtrain.trainer.feed import Chunk, TaskFeed
+from streamtrain.trainer.loader import BadRecord, Loaded, LoaderSpec, RecordLoader
+from streamtrain.trainer.metrics import TaskMetrics
+from streamtrain.trainer.models import ModelSpec
+from streamtrain.trainer.own import OwnPushes, OwnRows, RowChange
+from streamtrain.trainer.params import DenseLayout, GradientBuffer, ParamSync, RowLayout
+from streamtrain.trainer.reader import RangeReadError
+from streamtrain.trainer.replica import RowReplica
+from streamtrain.trainer.steps import InFlight, StepGate
 
 log = logging.getLogger(__name__)
 

@@ -15,14 +15,14 @@ from typing import TypeVar
 import pytest
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
-from infra import Endpoints
-from jobstate.config import JobConfig
-from jobstate.errors import TaskLostError
-from jobstate.etcd import Etcd
-from jobstate.tasks import ClaimedTask, TaskClient
-from master.service import Master
-from schemas import EtcdKeys, PartitionCursor
-from trainer.reader import RangeReader
+from streamtrain.infra import Endpoints
+from streamtrain.jobstate.config import JobConfig
+from streamtrain.jobstate.errors import TaskLostError
+from streamtrain.jobstate.etcd import Etcd
+from streamtrain.jobstate.tasks import ClaimedTask, TaskClient
+from streamtrain.master.service import Master
+from streamtrain.schemas import EtcdKeys, PartitionCursor
+from streamtrain.trainer.reader import RangeReader
 
 T = TypeVar("T")
 
@@ -186,7 +186,7 @@ class MasterProcess(StreamtrainProcess):
 def publish_job(etcd: Etcd, config: JobConfig) -> None:
     """What a master writes first (config, ps_desired, slot map), for tests that run
     pservers or trainers without one."""
-    from jobstate.sharding import SlotMap
+    from streamtrain.jobstate.sharding import SlotMap
 
     keys = EtcdKeys(config.name)
     etcd.put(keys.config, config.to_json())

@@ -16,15 +16,15 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import StreamtrainProcess, publish_job, wait_for, write_job_file
-from infra import Endpoints
-from jobstate.etcd import Etcd
-from master.service import Master
-from pserver.shard import PserverShard, ShardOptions
-from schemas import EtcdKeys, RedisKeys
 from streamtrain.cli import app
+from streamtrain.infra import Endpoints
+from streamtrain.jobstate.etcd import Etcd
+from streamtrain.master.service import Master
+from streamtrain.pserver.shard import PserverShard, ShardOptions
+from streamtrain.schemas import EtcdKeys, RedisKeys
 from streamtrain.supervisor import pid_alive
 from test_trainer import MODEL, Background, applied_exactly, finished, make_job, write_examples
-from trainer.worker import Trainer
+from streamtrain.trainer.worker import Trainer
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 

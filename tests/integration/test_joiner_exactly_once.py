@@ -8,10 +8,10 @@ from collections import Counter
 import pytest
 from topic_reader import read_topic
 
-from producers.clickmodel import ClickModel, ClickModelConfig
-from producers.sink import KafkaSink
-from producers.synthetic import SyntheticSource, SyntheticSourceConfig
-import schemas
+from streamtrain import schemas
+from streamtrain.producers.clickmodel import ClickModel, ClickModelConfig
+from streamtrain.producers.sink import KafkaSink
+from streamtrain.producers.synthetic import SyntheticSource, SyntheticSourceConfig
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from infra.clients import TopicSpec, ensure_topics
-from infra.endpoints import Endpoints
-from infra.process import pid_alive
+from streamtrain.infra.clients import TopicSpec, ensure_topics
+from streamtrain.infra.endpoints import Endpoints
+from streamtrain.infra.process import pid_alive
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 

@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 
 from conftest import (FakeTrainer, assert_exact_cover, cursors, job_config, produce, stable_ends,
                       wait_for)
-from jobstate.errors import TaskLostError
-from jobstate.etcd import Etcd
-from jobstate.membership import members, register_pserver, register_trainer
-from jobstate.tasks import TaskClient
-from schemas import EtcdKeys, TaskRecord
+from streamtrain.jobstate.errors import TaskLostError
+from streamtrain.jobstate.etcd import Etcd
+from streamtrain.jobstate.membership import members, register_pserver, register_trainer
+from streamtrain.jobstate.tasks import TaskClient
+from streamtrain.schemas import EtcdKeys, TaskRecord
 
 pytestmark = pytest.mark.services
 
@@ -212,9 +212,9 @@ def test_task_claimed_by_a_sigkilled_trainer_process_returns_to_todo_with_attemp
                STREAMTRAIN_REDIS=services.redis)
     script = (
         "import sys, time\n"
-        "from infra import Endpoints\n"
-        "from jobstate.etcd import Etcd\n"
-        "from jobstate.tasks import TaskClient\n"
+        "from streamtrain.infra import Endpoints\n"
+        "from streamtrain.jobstate.etcd import Etcd\n"
+        "from streamtrain.jobstate.tasks import TaskClient\n"
         f"client = TaskClient.for_job(Etcd.connect(Endpoints.resolve()), {config.name!r}, 'victim')\n"
         "print(client.claim().task_id, flush=True)\n"
         "time.sleep(600)\n"
@@ -304,13 +304,13 @@ def test_membership_trainers_and_pserver_indexes(services, unique, topic_factory
     start_master(config)
     keys = EtcdKeys(config.name)
     wait_for(lambda: etcd.get(keys.ps_desired) is not None, 10, "ps_desired")
-    from jobstate.sharding import SlotMap
+    from streamtrain.jobstate.sharding import SlotMap
 
     assert SlotMap.from_json(etcd.get(keys.slots).value) == SlotMap.uniform(config.pservers.slots, 2)
     first, lease0 = register_pserver(etcd, config.name, "127.0.0.1:1")
     second, lease1 = register_pserver(etcd, config.name, "127.0.0.1:2")
     assert (first, second) == (0, 1)
-    from jobstate.errors import NoFreeIndexError
+    from streamtrain.jobstate.errors import NoFreeIndexError
 
     with pytest.raises(NoFreeIndexError):
         register_pserver(etcd, config.name, "127.0.0.1:3")
@@ -332,8 +332,8 @@ def _dead_pid() -> int:
 
 
 def _held_by(etcd: Etcd, key: str, pid: int) -> None:
-    from jobstate.etcd import put_op
-    from jobstate.predecessors import this_machine
+    from streamtrain.jobstate.etcd import put_op
+    from streamtrain.jobstate.predecessors import this_machine
 
     lease = etcd.lease(30)
     etcd.txn([], [put_op(key, json.dumps({**this_machine(), "pid": pid}).encode(), lease)])
@@ -342,8 +342,8 @@ def _held_by(etcd: Etcd, key: str, pid: int) -> None:
 def test_a_key_whose_holder_is_a_dead_process_of_this_machine_is_taken_at_once(services, unique) -> None:
     """A restarted shard or master does not wait out its killed predecessor's 30 s lease; one
     whose predecessor still runs (here: frozen, say) does."""
-    from jobstate.errors import NoFreeIndexError
-    from master.leader import LeaderLock
+    from streamtrain.jobstate.errors import NoFreeIndexError
+    from streamtrain.master.leader import LeaderLock
 
     job = unique("successor")
     keys = EtcdKeys(job)

@@ -13,11 +13,11 @@ import pytest
 
 from conftest import (FakeTrainer, MasterProcess, assert_exact_cover, cursors, job_config,
                       leader_name, produce, stable_ends, wait_for, write_job_file)
-from jobstate.errors import NotLeaderError
-from jobstate.etcd import Etcd, put_op
-from jobstate.tasks import TaskClient
-from master.service import Master
-from schemas import EtcdKeys
+from streamtrain.jobstate.errors import NotLeaderError
+from streamtrain.jobstate.etcd import Etcd, put_op
+from streamtrain.jobstate.tasks import TaskClient
+from streamtrain.master.service import Master
+from streamtrain.schemas import EtcdKeys
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 

@@ -11,11 +11,11 @@ import pytest
 from confluent_kafka import Producer
 
 from conftest import wait_for
-from jobstate.etcd import Etcd
-from jobstate.observability import scrape as scrape_url
-from jobstate.observability import serve_metrics
-from schemas import Topics
 from streamtrain.curves import write_curves
+from streamtrain.jobstate.etcd import Etcd
+from streamtrain.jobstate.observability import scrape as scrape_url
+from streamtrain.jobstate.observability import serve_metrics
+from streamtrain.schemas import Topics
 from test_trainer import MODEL, Background, finished, make_job, run_job, write_examples
 
 pytestmark = [pytest.mark.services]
@@ -86,7 +86,7 @@ def test_curves_from_a_metrics_topic(services, unique, tmp_path) -> None:
              "bad_records": i, "loss": 0.7 - 0.1 * i, "auc": 0.6 + 0.05 * i if i != 1 else None,
              "started_at": now + i, "finished_at": now + i + 0.5, "max_event_time_ms": int((now + i - 2) * 1000),
              "pull_s": 0.1, "compute_s": 0.2, "push_s": 0.05} for i in range(3)]
-    from infra.clients import TopicSpec, ensure_topics
+    from streamtrain.infra.clients import TopicSpec, ensure_topics
 
     ensure_topics(services, [TopicSpec(Topics(job).metrics)])
     for doc in docs[:2]:

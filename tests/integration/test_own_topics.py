@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from conftest import write_job_file
-from infra.clients import TopicSpec, ensure_topics, redis_client
+from streamtrain.infra.clients import TopicSpec, ensure_topics, redis_client
 from test_cli_jobs import streamtrain
 from test_trainer import MODEL, distributed_and_single_auc, make_job, write_examples
 

@@ -11,8 +11,8 @@ import pytest
 from conftest import wait_for
 from topic_reader import read_topic
 
-from producers.replay import FileReplay, ReplayConfig
-from producers.sink import KafkaSink
+from streamtrain.producers.replay import FileReplay, ReplayConfig
+from streamtrain.producers.sink import KafkaSink
 
 pytestmark = pytest.mark.services
 

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from jobstate.optimizers import Adagrad
-from jobstate.paramstore import AppliedWatch, ParamClient, ParamsUnavailableError
-from jobstate.sharding import SlotMap
-from pserver.publisher import Publisher, Snapshot
-from pserver.state import Changes, ShardState
-from schemas import DenseSlice, GradientDelta, SparseRows, TaskRecord
-from trainer.params import DenseLayout, ParamSync
-from trainer.replica import RowReplica
+from streamtrain.jobstate.optimizers import Adagrad
+from streamtrain.jobstate.paramstore import AppliedWatch, ParamClient, ParamsUnavailableError
+from streamtrain.jobstate.sharding import SlotMap
+from streamtrain.pserver.publisher import Publisher, Snapshot
+from streamtrain.pserver.state import Changes, ShardState
+from streamtrain.schemas import DenseSlice, GradientDelta, SparseRows, TaskRecord
+from streamtrain.trainer.params import DenseLayout, ParamSync
+from streamtrain.trainer.replica import RowReplica
 
 pytestmark = pytest.mark.services
 

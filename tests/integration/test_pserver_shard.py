@@ -12,16 +12,16 @@ import pytest
 from confluent_kafka import Producer
 
 from conftest import StreamtrainProcess, job_config, publish_job, read_partition, stable_ends, wait_for
-from infra import Endpoints
-from infra.clients import TopicSpec, ensure_topics
-from jobstate.etcd import Etcd
-from jobstate.optimizers import make_rule
-from jobstate.paramstore import ParamClient, ParamsUnavailableError
-from jobstate.sharding import SlotMap
-from pserver.shard import PserverShard, ShardOptions
-from pserver.state import ShardState
-from schemas import (DeadLetter, DenseSlice, EtcdKeys, GradientDelta, PartitionCursor, RedisKeys, SparseRows,
-                     TaskRecord, Topics)
+from streamtrain.infra import Endpoints
+from streamtrain.infra.clients import TopicSpec, ensure_topics
+from streamtrain.jobstate.etcd import Etcd
+from streamtrain.jobstate.optimizers import make_rule
+from streamtrain.jobstate.paramstore import ParamClient, ParamsUnavailableError
+from streamtrain.jobstate.sharding import SlotMap
+from streamtrain.pserver.shard import PserverShard, ShardOptions
+from streamtrain.pserver.state import ShardState
+from streamtrain.schemas import (DeadLetter, DenseSlice, EtcdKeys, GradientDelta, PartitionCursor, RedisKeys,
+                                 SparseRows, TaskRecord, Topics)
 
 pytestmark = pytest.mark.services
 

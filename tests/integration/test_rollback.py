@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 
 from conftest import StreamtrainProcess, wait_for
-from jobstate.etcd import Etcd
-from jobstate.sharding import SlotMap
-from master.service import Master
-from pserver.shard import PserverShard, ShardOptions
-from schemas import EtcdKeys
 from streamtrain.checkpoints import request_checkpoint, rollback
+from streamtrain.jobstate.etcd import Etcd
+from streamtrain.jobstate.sharding import SlotMap
+from streamtrain.master.service import Master
+from streamtrain.pserver.shard import PserverShard, ShardOptions
+from streamtrain.schemas import EtcdKeys
 from test_trainer import HOLDOUT, MODEL, Background, applied_exactly, make_job, run_job, shard_stats, write_examples
-from trainer.scoring import Scorer
-from trainer.worker import Trainer
+from streamtrain.trainer.scoring import Scorer
+from streamtrain.trainer.worker import Trainer
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 

@@ -8,10 +8,10 @@ import time
 import pytest
 
 from conftest import wait_for
-from infra import LocalServices, Ports
-from infra.clients import TopicSpec, ensure_topics, redis_client
-from jobstate.errors import CoordinationError
-from jobstate.etcd import Etcd
+from streamtrain.infra import LocalServices, Ports
+from streamtrain.infra.clients import TopicSpec, ensure_topics, redis_client
+from streamtrain.jobstate.errors import CoordinationError
+from streamtrain.jobstate.etcd import Etcd
 from test_trainer import MODEL, Background, applied_exactly, finished, make_job, run_job, write_examples
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]

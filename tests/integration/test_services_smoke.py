@@ -7,7 +7,7 @@ import threading
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from infra import Endpoints
+from streamtrain.infra import Endpoints
 
 pytestmark = pytest.mark.services
 

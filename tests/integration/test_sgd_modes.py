@@ -9,13 +9,13 @@ import signal
 import pytest
 
 from conftest import wait_for
-from jobstate.etcd import Etcd
-from master.service import Master
-from pserver.shard import PserverShard, ShardOptions
-from schemas import EtcdKeys
+from streamtrain.jobstate.etcd import Etcd
+from streamtrain.master.service import Master
+from streamtrain.pserver.shard import PserverShard, ShardOptions
+from streamtrain.schemas import EtcdKeys
 from test_trainer import (MODEL, Background, applied_exactly, finished, make_job, shard_stats,
                           trainer_process, write_examples)
-from trainer.worker import Trainer
+from streamtrain.trainer.worker import Trainer
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 

@@ -15,18 +15,18 @@ import pytest
 from confluent_kafka import Producer
 
 from conftest import StreamtrainProcess, job_config, read_partition, wait_for, wait_for_value
-from infra import Endpoints
-from jobstate.etcd import Etcd
-from jobstate.sharding import SlotMap
-from master.service import Master
-from producers.clickmodel import ClickModel
-from pserver.shard import PserverShard, ShardOptions
-from schemas import DeadLetter, EtcdKeys, GradientDelta, RedisKeys, TaskRecord, Topics
-from trainer.local import LocalTrainer
-from trainer.metrics import auc
-from trainer.params import ParamSync
-from trainer.scoring import Scorer
-from trainer.worker import Trainer
+from streamtrain.infra import Endpoints
+from streamtrain.jobstate.etcd import Etcd
+from streamtrain.jobstate.sharding import SlotMap
+from streamtrain.master.service import Master
+from streamtrain.producers.clickmodel import ClickModel
+from streamtrain.pserver.shard import PserverShard, ShardOptions
+from streamtrain.schemas import DeadLetter, EtcdKeys, GradientDelta, RedisKeys, TaskRecord, Topics
+from streamtrain.trainer.local import LocalTrainer
+from streamtrain.trainer.metrics import auc
+from streamtrain.trainer.params import ParamSync
+from streamtrain.trainer.scoring import Scorer
+from streamtrain.trainer.worker import Trainer
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -81,7 +81,7 @@ def write_examples(services: Endpoints, topic: str, values: list[bytes], partiti
 def make_job(name: str, topic: str, tmp_path: Path, **train):
     return job_config(name, topic, input={"passes": train.pop("passes", 1)},
                       tasks={"max_records": train.pop("max_records", 2000), "timeout_s": train.pop("timeout_s", 30)},
-                      model={"factory": train.pop("factory", "trainer.models:LogisticRegression"),
+                      model={"factory": train.pop("factory", "streamtrain.trainer.models:LogisticRegression"),
                              "sparse_fields": list(MODEL.fields), "dense_features": MODEL.dense_features,
                              "batch_size": train.pop("batch_size", 256)},
                       train={"learning_rate": 0.1, **train},
@@ -159,7 +159,7 @@ def test_two_trainers_two_pservers_reach_the_auc_of_a_single_process_run(service
     assert abs(distributed - single) < 0.01, (distributed, single)
 
 
-@pytest.mark.parametrize("factory", ["trainer.models:WideDeep", "trainer.models:DeepFM"])
+@pytest.mark.parametrize("factory", ["streamtrain.trainer.models:WideDeep", "streamtrain.trainer.models:DeepFM"])
 def test_the_deep_built_ins_lose_no_accuracy_through_the_shards(services, etcd, redis_conn, topic_factory, unique,
                                                                 tmp_path, factory) -> None:
     """Dense blocks pulled and pushed every mini-batch, embeddings by row: one sync trainer runs

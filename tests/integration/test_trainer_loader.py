@@ -12,11 +12,11 @@ import pytest
 from confluent_kafka import Producer
 
 from conftest import read_partition
-from infra import Endpoints
-from jobstate.config import InputSection
-from producers.clickmodel import ClickModel
-from trainer.features import Featurizer
-from trainer.loader import LoaderError, LoaderSpec, RecordLoader
+from streamtrain.infra import Endpoints
+from streamtrain.jobstate.config import InputSection
+from streamtrain.producers.clickmodel import ClickModel
+from streamtrain.trainer.features import Featurizer
+from streamtrain.trainer.loader import LoaderError, LoaderSpec, RecordLoader
 
 pytestmark = [pytest.mark.services]
 
@@ -126,7 +126,7 @@ def test_a_loader_that_dies_again_at_the_same_record_is_an_error_not_a_loop(serv
                                                                            monkeypatch) -> None:
     (tmp_path / "deadly.py").write_text(
         "import os, signal\n"
-        "from schemas import Example\n"
+        "from streamtrain.schemas import Example\n"
         "def decode(value):\n"
         "    if value == b'boom':\n"
         "        os.kill(os.getpid(), signal.SIGKILL)\n"

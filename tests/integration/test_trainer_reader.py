@@ -10,8 +10,8 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-from infra import Endpoints
-from trainer.reader import RangeReader
+from streamtrain.infra import Endpoints
+from streamtrain.trainer.reader import RangeReader
 
 pytestmark = [pytest.mark.services]
 

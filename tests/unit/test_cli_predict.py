@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from schemas import Example
 from streamtrain.predict import Predictor
-from trainer.decoders import make_decoder
+from streamtrain.schemas import Example
+from streamtrain.trainer.decoders import make_decoder
 
 GOOD = Example({"ad": (1,)}, (0.5, 0.25), 0.0, 0)
 

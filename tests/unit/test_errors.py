@@ -8,7 +8,7 @@ import inspect
 import pkgutil
 from pathlib import Path
 
-from schemas import StreamtrainError
+from streamtrain.schemas import StreamtrainError
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("schemas", "infra", "jobstate", "master", "pserver", "trainer", "producers", "streamtrain")
@@ -17,7 +17,8 @@ PACKAGES = ("schemas", "infra", "jobstate", "master", "pserver", "trainer", "pro
 def test_every_public_exception_derives_from_the_root() -> None:
     strays = []
     for package in PACKAGES:
-        for info in pkgutil.walk_packages([str(ROOT / package)], prefix=f"{package}."):
+        prefix = "streamtrain." if package == "streamtrain" else f"streamtrain.{package}."
+        for info in pkgutil.walk_packages([str(ROOT / package)], prefix=prefix):
             if info.name.endswith("__main__"):
                 continue
             module = importlib.import_module(info.name)

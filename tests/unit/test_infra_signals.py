@@ -9,7 +9,7 @@ import sys
 import textwrap
 import threading
 
-from infra.signals import handle_stop_signals
+from streamtrain.infra.signals import handle_stop_signals
 
 
 def run_child(code: str) -> subprocess.CompletedProcess:
@@ -20,7 +20,7 @@ def run_child(code: str) -> subprocess.CompletedProcess:
 def test_a_sigterm_inside_the_events_own_lock_still_stops() -> None:
     done = run_child("""
         import os, signal
-        from infra.signals import stop_on_signals
+        from streamtrain.infra.signals import stop_on_signals
         stop = stop_on_signals()
         handler, ran = signal.getsignal(signal.SIGTERM), []
         signal.signal(signal.SIGTERM, lambda *args: (ran.append(1), handler(*args)))
@@ -37,7 +37,7 @@ def test_a_sigterm_inside_the_events_own_lock_still_stops() -> None:
 def test_sigint_stops_too_and_sigusr1_prints_the_stacks() -> None:
     done = run_child("""
         import os, signal, sys
-        from infra.signals import stop_on_signals
+        from streamtrain.infra.signals import stop_on_signals
         stop = stop_on_signals()
         os.kill(os.getpid(), signal.SIGUSR1)
         os.kill(os.getpid(), signal.SIGINT)

@@ -8,18 +8,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobstate.config import (
-                             CsvColumn,
-                             InputSection,
-                             JobConfig,
-                             JobConfigError,
-                             JobSection,
-                             MasterSection,
-                             ModelSection,
-                             PserversSection,
-                             TasksSection,
-                             TrainSection,
-                             )
+from streamtrain.jobstate.config import (
+                                         CsvColumn,
+                                         InputSection,
+                                         JobConfig,
+                                         JobConfigError,
+                                         JobSection,
+                                         MasterSection,
+                                         ModelSection,
+                                         PserversSection,
+                                         TasksSection,
+                                         TrainSection,
+                                         )
 
 FAST = settings(max_examples=50, deadline=None)
 
@@ -36,7 +36,7 @@ linger_ms = 500                   # cut a partial task at the head of a live str
 timeout_s = 30
 max_attempts = 3
 [model]
-factory = "trainer.models:WideDeep"
+factory = "streamtrain.trainer.models:WideDeep"
 [train]
 sgd = "async"                     # async | sync | bounded
 delivery = "exactly_once"         # exactly_once | at_least_once
@@ -95,7 +95,7 @@ def test_design_example_job_file_loads_with_its_values():
     config = JobConfig.from_toml(DESIGN_EXAMPLE, "job.toml")
     assert config.name == "ctr"
     assert config.input.topics == ("clicks",)
-    assert config.model.factory == "trainer.models:WideDeep"
+    assert config.model.factory == "streamtrain.trainer.models:WideDeep"
     assert config.tasks.timeout_s == 30.0 and isinstance(config.tasks.timeout_s, float)
     assert config.pservers.checkpoint_uri == "file:///var/lib/streamtrain/ckpt"
     assert config.pservers.checkpoint_every_s == 60.0
@@ -130,7 +130,7 @@ def test_minimal_job_file_takes_every_documented_default():
             "max_failed_kept": 1000,
         },
         "model": {
-            "factory": "trainer.models:LogisticRegression",
+            "factory": "streamtrain.trainer.models:LogisticRegression",
             "embedding_dim": 16,
             "hash_buckets": 2**20,
             "batch_size": 256,

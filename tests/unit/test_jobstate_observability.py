@@ -6,10 +6,10 @@ import uuid
 
 import pytest
 
-from jobstate.observability import scrape as scrape_url
-from jobstate.observability import (PORT_ENV, MasterMetrics, PserverMetrics, TrainerMetrics, metrics_port,
-                                    serve_metrics)
 from streamtrain.curves import Curves
+from streamtrain.jobstate.observability import scrape as scrape_url
+from streamtrain.jobstate.observability import (PORT_ENV, MasterMetrics, PserverMetrics, TrainerMetrics, metrics_port,
+                                                serve_metrics)
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -147,7 +147,7 @@ def test_metric_families_are_made_under_a_lock() -> None:
     """Two trainers started at once in one process both found the families missing, and the
     second registration raised DuplicateTimeseries: making them must hold the lock that the
     check for them takes."""
-    from jobstate import observability
+    from streamtrain.jobstate import observability
 
     held = []
     assert observability._get("test-lock", lambda: held.append(observability._families_lock.locked()) or 1) == 1

@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-from jobstate.optimizers import (
-                                 FTRL,
-                                 SGD,
-                                 Adagrad,
-                                 Adam,
-                                 UpdateRule,
-                                 UpdateRuleError,
-                                 check_batch,
-                                 make_rule,
-                                 )
+from streamtrain.jobstate.optimizers import (
+                                             FTRL,
+                                             SGD,
+                                             Adagrad,
+                                             Adam,
+                                             UpdateRule,
+                                             UpdateRuleError,
+                                             check_batch,
+                                             make_rule,
+                                             )
 
 STEPS = 25
 ATOL = 1e-6

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from jobstate.predecessors import gone
+from streamtrain.jobstate.predecessors import gone
 
 HERE = {"host": "node-1", "boot": "b-1", "pidns": "pid:[4026531836]"}
 

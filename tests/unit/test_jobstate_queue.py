@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from jobstate import queue
-from schemas import TaskRecord
+from streamtrain.jobstate import queue
+from streamtrain.schemas import TaskRecord
 
 
 def test_rounds_of_regroups_a_saved_queue_in_offset_order() -> None:

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.connection import Connection
 
-from jobstate import resp
-from schemas import encode_rows, encode_rows_matrix
+from streamtrain.jobstate import resp
+from streamtrain.schemas import encode_rows, encode_rows_matrix
 
 
 @settings(max_examples=60, deadline=None)

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobstate.optimizers import make_rule
-from jobstate.rows import DIRECT_IDS, IdIndex, RowTable, initial_rows
+from streamtrain.jobstate.optimizers import make_rule
+from streamtrain.jobstate.rows import DIRECT_IDS, IdIndex, RowTable, initial_rows
 
 
 @settings(max_examples=50, deadline=None)
@@ -95,7 +95,7 @@ def test_rows_updated_in_place_equal_the_gathered_copies_path(spec: str) -> None
 
 
 def test_a_subclass_of_a_built_in_that_overrides_apply_is_applied_by_its_apply() -> None:
-    from jobstate.optimizers import SGD
+    from streamtrain.jobstate.optimizers import SGD
 
     class Doubled(SGD):
         def apply(self, rows, grads, state, steps) -> None:

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from jobstate.sharding import SlotMap, row_hash
+from streamtrain.jobstate.sharding import SlotMap, row_hash
 
 
 def test_uniform_map_spreads_slots_evenly() -> None:

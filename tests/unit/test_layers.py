@@ -1,6 +1,7 @@
 """The layers the code obeys (docs/architecture.md, "Layers"): a package imports only itself and
 packages of the layers below it. master, pserver and trainer share a layer, so none of them
-imports another; what two of them need alike lives in jobstate. bench/ and tests/ sit on top."""
+imports another; what two of them need alike lives in jobstate. bench/ and tests/ sit on top.
+Every component is imported through the one namespace, `streamtrain.<component>`."""
 
 from __future__ import annotations
 
@@ -19,28 +20,35 @@ LAYERS = (
     ("streamtrain",),
 )
 RANK = {package: rank for rank, layer in enumerate(LAYERS) for package in layer}
+COMPONENTS = set(RANK) - {"streamtrain"}
 
 
 def imports(source: str) -> Iterator[tuple[int, str]]:
-    """(line, top-level package) of every absolute import of a project package, at module
-    level or inside a function alike."""
+    """(line, package) of every absolute import of a project package, at module level or inside
+    a function alike: the component of `streamtrain.<component>...`, `streamtrain` for the CLI's
+    own modules, and `<component>` itself for an import that bypasses the namespace."""
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
+            # `from streamtrain import schemas` imports the component, not the CLI's package
+            names = [f"{node.module}.{a.name}" for a in node.names] if node.module == "streamtrain" else [node.module]
         else:
             continue
         for name in names:
-            top = name.partition(".")[0]
-            if top in RANK:
-                yield node.lineno, top
+            parts = name.split(".")
+            if parts[0] == "streamtrain":
+                yield node.lineno, parts[1] if len(parts) > 1 and parts[1] in COMPONENTS else "streamtrain"
+            elif parts[0] in COMPONENTS:
+                yield node.lineno, f"bare {parts[0]}"
 
 
 def violations(package: str, source: str, where: str) -> list[str]:
     found = []
     for line, imported in imports(source):
-        if imported != package and RANK[imported] >= RANK[package]:
+        if imported.startswith("bare "):
+            found.append(f"{where}:{line}: {package} imports {imported[5:]} outside the streamtrain namespace")
+        elif imported != package and RANK[imported] >= RANK[package]:
             how = "its sibling" if RANK[imported] == RANK[package] else "a layer above it"
             found.append(f"{where}:{line}: {package} imports {imported}, {how}")
     return found
@@ -59,9 +67,15 @@ def test_every_package_has_a_layer() -> None:
     assert packages == set(RANK), f"place {sorted(packages - set(RANK))} in LAYERS"
 
 
-def test_an_upward_or_sideways_import_is_caught() -> None:
-    assert violations("jobstate", "from trainer.worker import Trainer\n", "a.py") == [
+def test_an_upward_sideways_or_bare_import_is_caught() -> None:
+    assert violations("jobstate", "from streamtrain.trainer.worker import Trainer\n", "a.py") == [
         "a.py:1: jobstate imports trainer, a layer above it"]
-    assert violations("pserver", "def f():\n    import master.plan\n", "b.py") == [
+    assert violations("pserver", "def f():\n    import streamtrain.master.plan\n", "b.py") == [
         "b.py:2: pserver imports master, its sibling"]
-    assert violations("trainer", "import schemas\nfrom jobstate.config import JobConfig\nimport numpy\n", "c.py") == []
+    assert violations("master", "from streamtrain.cli import main\n", "c.py") == [
+        "c.py:1: master imports streamtrain, a layer above it"]
+    assert violations("trainer", "from jobstate.config import JobConfig\n", "d.py") == [
+        "d.py:1: trainer imports jobstate outside the streamtrain namespace"]
+    assert violations("trainer", "import streamtrain.schemas\nfrom streamtrain.jobstate.config import JobConfig\n"
+                                 "from streamtrain.trainer import models\nfrom streamtrain import schemas\nimport numpy\n",
+                      "e.py") == []

@@ -7,8 +7,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from master import plan
-from schemas import PartitionCursor, TaskRecord
+from streamtrain.master import plan
+from streamtrain.schemas import PartitionCursor, TaskRecord
 
 
 def live(next_: int = 0, trained: int = 0) -> PartitionCursor:

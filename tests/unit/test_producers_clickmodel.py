@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from producers.clickmodel import ClickModel, ClickModelConfig, auc
-import schemas
+from streamtrain import schemas
+from streamtrain.producers.clickmodel import ClickModel, ClickModelConfig, auc
 
 
 def test_same_seed_and_index_give_the_same_impression_whatever_the_slice():

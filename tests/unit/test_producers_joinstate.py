@@ -1,5 +1,5 @@
-from producers.clicklog import ImpressionRecord
-from producers.joinstate import JoinState, Waiting
+from streamtrain.producers.clicklog import ImpressionRecord
+from streamtrain.producers.joinstate import JoinState, Waiting
 
 
 def _imp(i: str, ts: int) -> ImpressionRecord:

@@ -1,6 +1,6 @@
 import pytest
 
-from producers.pacing import TokenBucket
+from streamtrain.producers.pacing import TokenBucket
 
 
 class FakeClock:

@@ -5,8 +5,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from producers.errors import ReplayError
-from producers.replay import ReplayConfig, read_records
+from streamtrain.producers.errors import ReplayError
+from streamtrain.producers.replay import ReplayConfig, read_records
 
 
 def _rows(path, **kw):

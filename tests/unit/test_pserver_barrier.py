@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pserver.barrier import StepBarrier
-from schemas import GradientDelta, TaskRecord
+from streamtrain.pserver.barrier import StepBarrier
+from streamtrain.schemas import GradientDelta, TaskRecord
 
 
 def delta(trainer: str, step: int) -> GradientDelta:

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jobstate.optimizers import Adagrad, Adam
-from pserver.checkpoint import MANIFEST, CheckpointError, CheckpointMismatchError, CheckpointStore
-from pserver.state import ShardState
-from schemas import DenseSlice, GradientDelta, SparseRows, TaskRecord
+from streamtrain.jobstate.optimizers import Adagrad, Adam
+from streamtrain.pserver.checkpoint import MANIFEST, CheckpointError, CheckpointMismatchError, CheckpointStore
+from streamtrain.pserver.state import ShardState
+from streamtrain.schemas import DenseSlice, GradientDelta, SparseRows, TaskRecord
 
 
 def trained(steps: int = 3) -> ShardState:

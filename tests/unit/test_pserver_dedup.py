@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pserver.dedup import Dedup
-from schemas import TaskRecord
+from streamtrain.pserver.dedup import Dedup
+from streamtrain.schemas import TaskRecord
 
 
 def tid(start: int, pass_no: int = 0, partition: int = 0) -> str:

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from jobstate.optimizers import SGD
-from jobstate.paramstore import Flushed, stream_id
-from pserver.publisher import FLUSH_EVERY_S, FLUSH_MAX_ROUNDS, FLUSH_MAX_ROWS, Publisher, flush_due
-from pserver.state import Changes, ShardState
-from schemas import GradientDelta, SparseRows, TaskRecord
+from streamtrain.jobstate.optimizers import SGD
+from streamtrain.jobstate.paramstore import Flushed, stream_id
+from streamtrain.pserver.publisher import FLUSH_EVERY_S, FLUSH_MAX_ROUNDS, FLUSH_MAX_ROWS, Publisher, flush_due
+from streamtrain.pserver.state import Changes, ShardState
+from streamtrain.schemas import GradientDelta, SparseRows, TaskRecord
 
 
 @pytest.mark.parametrize("since_s, dirty, rounds, due", [

@@ -7,10 +7,10 @@ import pytest
 
 import torch
 
-from jobstate.optimizers import Adagrad, Adam
-from jobstate.rows import initial_rows
-from pserver.state import BadDeltaError, ShardState, newest
-from schemas import DenseSlice, GradientDelta, SparseRows, TaskRecord
+from streamtrain.jobstate.optimizers import Adagrad, Adam
+from streamtrain.jobstate.rows import initial_rows
+from streamtrain.pserver.state import BadDeltaError, ShardState, newest
+from streamtrain.schemas import DenseSlice, GradientDelta, SparseRows, TaskRecord
 
 
 def delta(seq: int, ids, grads, task_start: int = 0, dense=()) -> GradientDelta:

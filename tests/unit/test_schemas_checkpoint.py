@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import CheckpointManifest, FileEntry, SchemaError
+from streamtrain.schemas import CheckpointManifest, FileEntry, SchemaError
 
 FAST = settings(max_examples=60, deadline=None)
 

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import SchemaError
-from schemas.cursor import PartitionCursor
+from streamtrain.schemas import SchemaError
+from streamtrain.schemas.cursor import PartitionCursor
 
 
 @st.composite

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import DeadLetter, SchemaError
+from streamtrain.schemas import DeadLetter, SchemaError
 
 letters = st.builds(
     DeadLetter,

@@ -1,8 +1,8 @@
 import pickle
 import types
 
-import schemas
-from schemas import SchemaError
+from streamtrain import schemas
+from streamtrain.schemas import SchemaError
 
 
 def test_schema_error_is_a_value_error_carrying_format_and_field():

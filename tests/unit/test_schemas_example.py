@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import Example, SchemaError
+from streamtrain.schemas import Example, SchemaError
 
 FAST = settings(max_examples=60, deadline=None)
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from schemas import DenseSlice, GradientDelta, SchemaError, SparseRows
+from streamtrain.schemas import DenseSlice, GradientDelta, SchemaError, SparseRows
 
 FAST = settings(max_examples=60, deadline=None)
 

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import CONTROLS, TASK_STATES, EtcdKeys, RedisKeys, SchemaError, Topics, validate_job_name
+from streamtrain.schemas import CONTROLS, TASK_STATES, EtcdKeys, RedisKeys, SchemaError, Topics, validate_job_name
 
 FAST = settings(max_examples=80, deadline=None)
 job_names = st.from_regex(r"[A-Za-z0-9._-]{1,100}", fullmatch=True).filter(lambda s: s not in (".", ".."))

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from schemas import ParamBlock, SchemaError, decode_rows, encode_rows
+from streamtrain.schemas import ParamBlock, SchemaError, decode_rows, encode_rows
 
 FAST = settings(max_examples=60, deadline=None)
 

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import PublishedRound, RoundRows, SchemaError
+from streamtrain.schemas import PublishedRound, RoundRows, SchemaError
 
 
 def a_round(**overrides) -> PublishedRound:

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import SchemaError, TaskId, TaskRecord
+from streamtrain.schemas import SchemaError, TaskId, TaskRecord
 
 FAST = settings(max_examples=80, deadline=None)
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import math
 
-from jobstate.config import JobConfig
-from jobstate.offsets import Bounds
-from schemas import Example
-from trainer.check import check_records, sample_ranges
+from streamtrain.jobstate.config import JobConfig
+from streamtrain.jobstate.offsets import Bounds
+from streamtrain.schemas import Example
+from streamtrain.trainer.check import check_records, sample_ranges
 
 
 def test_the_newest_records_are_shared_out_and_a_short_partition_gives_up_its_share() -> None:

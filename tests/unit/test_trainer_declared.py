@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobstate.config import JobConfig
-from schemas import Example
+from streamtrain.jobstate.config import JobConfig
+from streamtrain.schemas import Example
 from test_trainer_parts import assert_chunk_decodes_as_one_by_one
-from trainer.decoders import ChunkDecoder, DecodeError, make_decoder, stable_id
+from streamtrain.trainer.decoders import ChunkDecoder, DecodeError, make_decoder, stable_id
 
 
 def section(label: str = "clicked", defaults: str = "{}"):
@@ -121,7 +121,7 @@ def test_chunks_with_a_label_rule_decode_as_one_by_one_does(values) -> None:
 
 
 def test_declared_fields_survive_the_jobs_json_and_give_the_model_its_fields() -> None:
-    from trainer.worker import model_spec
+    from streamtrain.trainer.worker import model_spec
 
     config = JobConfig.from_toml('[job]\nname = "j"\n[input]\ntopics = ["t"]\n[input.json_fields]\n'
                                  'sparse = { user = "u.id", ad = "a" }\ndense = ["p"]\nlabel = "d >= 3"\n'
@@ -141,7 +141,7 @@ def test_declared_fields_survive_the_jobs_json_and_give_the_model_its_fields() -
     ('dense = ["a"]\nlabel = "y"\ndefaults = { a = [1] }', "input.json_fields.defaults.a", "number, string or boolean"),
 ])
 def test_a_bad_declaration_is_refused_naming_the_key(table, key, reason) -> None:
-    from jobstate.config import JobConfigError
+    from streamtrain.jobstate.config import JobConfigError
 
     with pytest.raises(JobConfigError) as err:
         JobConfig.from_toml(f'[job]\nname = "j"\n[input]\ntopics = ["t"]\n[input.json_fields]\n{table}')
@@ -149,7 +149,7 @@ def test_a_bad_declaration_is_refused_naming_the_key(table, key, reason) -> None
 
 
 def test_declared_fields_need_the_json_format() -> None:
-    from jobstate.config import JobConfigError
+    from streamtrain.jobstate.config import JobConfigError
 
     with pytest.raises(JobConfigError, match="only applies when input.format = 'json'"):
         JobConfig.from_toml('[job]\nname = "j"\n[input]\ntopics = ["t"]\nformat = "binary"\n'

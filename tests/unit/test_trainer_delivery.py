@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from infra import Endpoints
-from trainer.delivery import Delivery, DeliveryError
+from streamtrain.infra import Endpoints
+from streamtrain.trainer.delivery import Delivery, DeliveryError
 
 NOWHERE = Endpoints(kafka="127.0.0.1:1", etcd="127.0.0.1:1", redis="redis://127.0.0.1:1/0")
 

@@ -9,11 +9,11 @@ import math
 import threading
 import time
 
-from jobstate.errors import TaskLostError
-from jobstate.tasks import ClaimedTask
-from schemas import TaskRecord
-from trainer.feed import MAX_AHEAD_TASKS, TaskFeed
-from trainer.reader import RangeReadError
+from streamtrain.jobstate.errors import TaskLostError
+from streamtrain.jobstate.tasks import ClaimedTask
+from streamtrain.schemas import TaskRecord
+from streamtrain.trainer.feed import MAX_AHEAD_TASKS, TaskFeed
+from streamtrain.trainer.reader import RangeReadError
 
 
 class Ranges:

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from jobstate.optimizers import make_rule
-from trainer.committer import Committer, Ended
-from trainer.delivery import DeliveryError
-from trainer.own import OwnPushes, OwnRows, RowChange
-from trainer.steps import InFlight
+from streamtrain.jobstate.optimizers import make_rule
+from streamtrain.trainer.committer import Committer, Ended
+from streamtrain.trainer.delivery import DeliveryError
+from streamtrain.trainer.own import OwnPushes, OwnRows, RowChange
+from streamtrain.trainer.steps import InFlight
 
 ME = "t0"
 
@@ -91,8 +91,8 @@ def test_a_push_of_several_steps_adds_up_their_dense_changes() -> None:
 def test_row_estimates_step_each_rows_own_state_as_a_shard_would(rule) -> None:
     """What `OwnRows` says a step changes is what the shard's rule does to a row that only
     this trainer updates: its state carries over from step to step, per row."""
-    from pserver.state import ShardState
-    from schemas import GradientDelta, SparseRows, TaskRecord
+    from streamtrain.pserver.state import ShardState
+    from streamtrain.schemas import GradientDelta, SparseRows, TaskRecord
     make = (lambda: make_rule(rule, alpha=0.1)) if rule == "ftrl" else (lambda: make_rule(rule, lr=0.1))
     own, shard = OwnRows(make(), 3), ShardState(make(), init_scale=0.0)
     rng = np.random.default_rng(0)

@@ -11,14 +11,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobstate.config import JobConfig
-from jobstate.sharding import SlotMap
-from schemas import Example
-from trainer.decoders import ChunkDecoder, DecodeError, make_decoder
-from trainer.features import Batch, Columns, Featurizer, MiniBatches, pool
-from trainer.metrics import auc
-from trainer.models import DeepFM, LogisticRegression, ModelSpec, WideDeep
-from trainer.params import DenseLayout, GradientBuffer, RowLayout
+from streamtrain.jobstate.config import JobConfig
+from streamtrain.jobstate.sharding import SlotMap
+from streamtrain.schemas import Example
+from streamtrain.trainer.decoders import ChunkDecoder, DecodeError, make_decoder
+from streamtrain.trainer.features import Batch, Columns, Featurizer, MiniBatches, pool
+from streamtrain.trainer.metrics import auc
+from streamtrain.trainer.models import DeepFM, LogisticRegression, ModelSpec, WideDeep
+from streamtrain.trainer.params import DenseLayout, GradientBuffer, RowLayout
 
 
 def config(**input_section) -> JobConfig:
@@ -54,7 +54,7 @@ def test_csv_decoder_follows_the_declared_columns() -> None:
 def test_a_user_decoder_decodes_and_whatever_it_raises_makes_only_that_record_bad(tmp_path, monkeypatch) -> None:
     (tmp_path / "fixed_width.py").write_text(
         "import struct\n"
-        "from schemas import Example\n"
+        "from streamtrain.schemas import Example\n"
         "def decode(value):\n"
         "    user, price, label = struct.unpack('<qdd', value)\n"
         "    return Example({'user': (user,)}, (price,), label, 0)\n")
@@ -345,10 +345,10 @@ def test_quoted_csv_fields_may_hold_commas_and_decode_in_a_chunk_as_one_by_one()
 
 
 def test_every_process_builds_the_same_initial_dense_values_without_touching_the_global_rng() -> None:
-    from trainer.worker import build_model
+    from streamtrain.trainer.worker import build_model
 
     job = JobConfig.from_toml('[job]\nname = "j"\n[input]\ntopics = ["t"]\n[model]\n'
-                              'factory = "trainer.models:WideDeep"\nsparse_fields = ["a", "b"]\ndense_features = 2')
+                              'factory = "streamtrain.trainer.models:WideDeep"\nsparse_fields = ["a", "b"]\ndense_features = 2')
     torch.manual_seed(123)
     before = torch.rand(1)
     torch.manual_seed(123)

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from jobstate.paramstore import Flushed
-from schemas import PublishedRound, RoundRows
-from trainer.replica import START, Position, RowReplica, follows
+from streamtrain.jobstate.paramstore import Flushed
+from streamtrain.schemas import PublishedRound, RoundRows
+from streamtrain.trainer.replica import START, Position, RowReplica, follows
 
 WIDTH = 3
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainer.steps import next_step
+from streamtrain.trainer.steps import next_step
 
 
 def shards(*trainers: dict[str, int], next_: int = 0) -> list[dict]:
