@@ -37,7 +37,7 @@ def cache_root() -> Path:
 
 
 def _pom_text() -> bytes:
-    return files("infra").joinpath("pom.xml").read_bytes()
+    return files(__package__).joinpath("pom.xml").read_bytes()
 
 
 def kafka_lib_dir() -> Path:
