@@ -12,7 +12,7 @@ TEST ?=
 N ?= 20
 LOAD ?= 2
 
-.PHONY: setup system-deps kafka-jars test test-unit stress demo bench chaos clean
+.PHONY: setup system-deps kafka-jars registry-dist test test-unit stress demo bench chaos clean
 
 setup: system-deps $(VENV)/.installed kafka-jars
 
@@ -28,7 +28,11 @@ $(VENV)/.installed: pyproject.toml
 kafka-jars: $(VENV)/.installed
 	@$(PY) -c "from streamtrain.infra.kafka_broker import ensure_kafka_jars; print('kafka jars:', ensure_kafka_jars())"
 
-test: setup
+# The schema registry (for Avro topics) only the tests and `streamtrain up --registry` need.
+registry-dist: $(VENV)/.installed
+	@$(PY) -c "from streamtrain.infra.schema_registry import ensure_registry_dist; print('schema registry:', ensure_registry_dist())"
+
+test: setup registry-dist
 	$(PY) -m pytest
 
 test-unit: $(VENV)/.installed

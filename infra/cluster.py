@@ -1,8 +1,9 @@
-"""The three services of a streamtrain installation, managed together.
+"""The services of a streamtrain installation, managed together: Kafka, etcd and Redis
+always, a schema registry when asked (for topics of Avro records).
 
 Layout of the state dir (`STREAMTRAIN_HOME`, or a temp dir in tests):
     services.json   the ports chosen by the last `up`
-    kafka/ etcd/ redis/   each service's data, config, log and pid file
+    kafka/ etcd/ redis/ registry/   each service's data, config, log and pid file
 A service whose environment variable names an external cluster is not started here; it is
 only probed.
 """
@@ -18,8 +19,10 @@ from streamtrain.infra.etcd_server import EtcdServer, health_ok
 from streamtrain.infra.kafka_broker import KafkaBroker, ensure_kafka_jars, metadata_ok
 from streamtrain.infra.process import ServerProcess
 from streamtrain.infra.redis_server import RedisServer, ping_ok
+from streamtrain.infra.schema_registry import SchemaRegistryServer, ensure_registry_dist, subjects_ok
 
 SERVICES = ("kafka", "etcd", "redis")
+OPTIONAL = ("registry",)
 
 
 @dataclass(frozen=True)
@@ -36,9 +39,10 @@ class ServiceStatus:
 
 
 class LocalServices:
-    """Start, probe and stop Kafka, etcd and Redis under one state dir."""
+    """Start, probe and stop the services under one state dir. The schema registry is
+    started only with `registry=True`; once running it is probed and stopped with the rest."""
 
-    def __init__(self, home: Path, ports: Ports | None = None) -> None:
+    def __init__(self, home: Path, ports: Ports | None = None, registry: bool = False) -> None:
         self.home = home
         self.ports = ports or recorded_ports(home) or Ports.default()
         self.endpoints = Endpoints.overlay_env(Endpoints.local(self.ports))
@@ -46,29 +50,43 @@ class LocalServices:
             "kafka": KafkaBroker(home / "kafka", self.ports.kafka, self.ports.kafka_controller),
             "etcd": EtcdServer(home / "etcd", self.ports.etcd, self.ports.etcd_peer),
             "redis": RedisServer(home / "redis", self.ports.redis),
+            "registry": SchemaRegistryServer(home / "registry", self.ports.registry),
         }
+        self.with_registry = registry
+
+    def names(self) -> list[str]:
+        """The services of this installation: the registry too once asked for, running, or
+        named by its environment variable."""
+        optional = [n for n in OPTIONAL
+                    if self.with_registry or n in self.endpoints.external or self.servers[n].pid() is not None]
+        return [*SERVICES, *optional]
 
     def managed(self) -> list[ServerProcess]:
-        return [s for name, s in self.servers.items() if name not in self.endpoints.external]
+        return [self.servers[name] for name in self.names() if name not in self.endpoints.external]
 
     def up(self) -> dict[str, float | None]:
         """Start every managed service not already running. Returns seconds-to-ready per
         service started (None for one that was already up). Idempotent."""
         record_ports(self.home, self.ports)
-        if "kafka" not in self.endpoints.external:
-            ensure_kafka_jars()  # before the clock starts: resolving is not starting
-        with ThreadPoolExecutor(max_workers=3) as pool:
-            futures = {s.name: pool.submit(s.start) for s in self.managed()}
+        managed = self.managed()
+        # Before the clock starts: resolving is not starting.
+        if any(s.name == "kafka" for s in managed):
+            ensure_kafka_jars()
+        if any(s.name == "registry" for s in managed):
+            ensure_registry_dist()
+        with ThreadPoolExecutor(max_workers=len(managed) or 1) as pool:
+            futures = {s.name: pool.submit(s.start) for s in managed}
             return {name: f.result() for name, f in futures.items()}
 
     def down(self) -> list[str]:
         """Stop every managed service; returns the names of those that were running."""
-        with ThreadPoolExecutor(max_workers=3) as pool:
-            stopped = dict(zip(SERVICES, pool.map(lambda s: s.stop(), self.servers.values())))
+        servers = list(self.servers.values())
+        with ThreadPoolExecutor(max_workers=len(servers)) as pool:
+            stopped = dict(zip(self.servers, pool.map(lambda s: s.stop(), servers)))
         return [name for name, was in stopped.items() if was and name not in self.endpoints.external]
 
     def status(self) -> list[ServiceStatus]:
-        probes = {"kafka": metadata_ok, "etcd": health_ok, "redis": ping_ok}
+        probes = {"kafka": metadata_ok, "etcd": health_ok, "redis": ping_ok, "registry": subjects_ok}
         addresses = self.endpoints.as_dict()
 
         def one(name: str) -> ServiceStatus:
@@ -77,5 +95,6 @@ class LocalServices:
             healthy = (external or pid is not None) and probes[name](addresses[name])
             return ServiceStatus(name, addresses[name], bool(healthy), pid, external)
 
-        with ThreadPoolExecutor(max_workers=3) as pool:
-            return list(pool.map(one, SERVICES))
+        names = self.names()
+        with ThreadPoolExecutor(max_workers=len(names)) as pool:
+            return list(pool.map(one, names))

@@ -1,4 +1,4 @@
-"""Where the three services are, for every process of a job.
+"""Where the services are, for every process of a job.
 
 Resolution order per service: its environment variable (an external cluster), else the local
 services recorded by `streamtrain up` in the state dir, else the default local ports.
@@ -15,6 +15,7 @@ from pathlib import Path
 ENV_KAFKA = "STREAMTRAIN_KAFKA"
 ENV_ETCD = "STREAMTRAIN_ETCD"
 ENV_REDIS = "STREAMTRAIN_REDIS"
+ENV_REGISTRY = "STREAMTRAIN_REGISTRY"
 ENV_HOME = "STREAMTRAIN_HOME"
 ENV_PORT_BASE = "STREAMTRAIN_PORT_BASE"
 
@@ -32,24 +33,26 @@ def state_home() -> Path:
 
 @dataclass(frozen=True)
 class Ports:
-    """Loopback ports of the local services; five consecutive ports from a base by default."""
+    """Loopback ports of the local services; six consecutive ports from a base by default
+    (the schema registry's is used only when one is started)."""
 
     kafka: int
     kafka_controller: int
     etcd: int
     etcd_peer: int
     redis: int
+    registry: int
 
     @classmethod
     def from_base(cls, base: int) -> Ports:
-        if not 1024 <= base <= 65530:
-            raise ValueError(f"port base {base} is outside 1024..65530")
-        return cls(base, base + 1, base + 2, base + 3, base + 4)
+        if not 1024 <= base <= 65529:
+            raise ValueError(f"port base {base} is outside 1024..65529")
+        return cls(base, base + 1, base + 2, base + 3, base + 4, base + 5)
 
     @classmethod
     def free(cls) -> Ports:
-        """Five currently free ports, for tests that must not collide with anything."""
-        socks = [socket.socket() for _ in range(5)]
+        """Six currently free ports, for tests that must not collide with anything."""
+        socks = [socket.socket() for _ in range(6)]
         try:
             for s in socks:
                 s.bind(("127.0.0.1", 0))
@@ -65,11 +68,13 @@ class Ports:
 
 @dataclass(frozen=True)
 class Endpoints:
-    """Client addresses: Kafka bootstrap servers, etcd host:port, Redis URL."""
+    """Client addresses: Kafka bootstrap servers, etcd host:port, Redis URL, and the URL of
+    Confluent's API on a schema registry (used by jobs of Avro records that name none)."""
 
     kafka: str
     etcd: str
     redis: str
+    registry: str = ""
     external: frozenset[str] = frozenset()
 
     @property
@@ -83,6 +88,7 @@ class Endpoints:
             kafka=f"127.0.0.1:{ports.kafka}",
             etcd=f"127.0.0.1:{ports.etcd}",
             redis=f"redis://127.0.0.1:{ports.redis}/0",
+            registry=f"http://127.0.0.1:{ports.registry}/apis/ccompat/v7",
         )
 
     @classmethod
@@ -98,16 +104,22 @@ class Endpoints:
             "kafka": os.environ.get(ENV_KAFKA),
             "etcd": _strip_scheme(os.environ.get(ENV_ETCD, "")),
             "redis": os.environ.get(ENV_REDIS),
+            "registry": os.environ.get(ENV_REGISTRY),
         }
         return cls(
             kafka=env["kafka"] or local.kafka,
             etcd=env["etcd"] or local.etcd,
             redis=env["redis"] or local.redis,
+            registry=env["registry"] or local.registry,
             external=frozenset(name for name, value in env.items() if value),
         )
 
+    def env(self) -> dict[str, str]:
+        """The environment that makes a child process resolve these same endpoints."""
+        return {ENV_KAFKA: self.kafka, ENV_ETCD: self.etcd, ENV_REDIS: self.redis, ENV_REGISTRY: self.registry}
+
     def as_dict(self) -> dict[str, str]:
-        return {"kafka": self.kafka, "etcd": self.etcd, "redis": self.redis}
+        return {"kafka": self.kafka, "etcd": self.etcd, "redis": self.redis, "registry": self.registry}
 
 
 def _strip_scheme(url: str) -> str:
@@ -119,7 +131,9 @@ def recorded_ports(home: Path) -> Ports | None:
     path = home / STATE_FILE
     if not path.exists():
         return None
-    return Ports(**json.loads(path.read_text())["ports"])
+    ports = json.loads(path.read_text())["ports"]
+    ports.setdefault("registry", ports["redis"] + 1)  # recorded before the registry had a port
+    return Ports(**ports)
 
 
 def record_ports(home: Path, ports: Ports) -> None:

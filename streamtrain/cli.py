@@ -34,9 +34,9 @@ HomeOpt = Annotated[
 ]
 
 
-def _services(home: Path | None, port_base: int | None = None) -> LocalServices:
+def _services(home: Path | None, port_base: int | None = None, registry: bool = False) -> LocalServices:
     ports = Ports.from_base(port_base) if port_base is not None else None
-    return LocalServices(home or state_home(), ports)
+    return LocalServices(home or state_home(), ports, registry=registry)
 
 
 @app.command()
@@ -44,10 +44,14 @@ def up(
     home: HomeOpt = None,
     port_base: Annotated[Optional[int], typer.Option(
         "--port-base", help="Kafka on BASE, its controller BASE+1, etcd BASE+2 (peer BASE+3), "
-        "Redis BASE+4 [env: STREAMTRAIN_PORT_BASE; default 19092].", show_default=False)] = None,
+        "Redis BASE+4, the schema registry BASE+5 [env: STREAMTRAIN_PORT_BASE; default 19092].",
+        show_default=False)] = None,
+    registry: Annotated[bool, typer.Option(
+        "--registry", help="Also start a schema registry (Confluent's API, for Avro topics).")] = False,
 ) -> None:
-    """Start local Kafka, etcd and Redis (those not already running); wait until healthy."""
-    services = _services(home, port_base)
+    """Start local Kafka, etcd and Redis (those not already running), and a schema registry
+    when asked; wait until healthy."""
+    services = _services(home, port_base, registry)
     try:
         started = services.up()
     except InfraError as exc:
@@ -57,7 +61,7 @@ def up(
         took = started.get(status.name)
         how = ("external" if status.external else
                "already running" if took is None else f"ready in {took:.1f} s")
-        console.print(f"{status.name:6} {how:18} {status.address}")
+        console.print(f"{status.name:8} {how:18} {status.address}")
 
 
 @app.command()

@@ -25,7 +25,6 @@ from rich.console import Console
 from rich.live import Live
 
 from streamtrain.infra import Endpoints, LocalServices
-from streamtrain.infra.endpoints import ENV_ETCD, ENV_KAFKA, ENV_REDIS
 from streamtrain.infra.signals import handle_stop_signals
 from streamtrain.supervisor import Supervisor
 
@@ -200,8 +199,7 @@ def run_demo(target: LocalServices | Endpoints, console: Console, *, home: Path 
         console.print(f"job    {plan.job}", highlight=False)
         console.print(f"file   {plan.job_file}", highlight=False, soft_wrap=True)
         console.print(f"logs   {plan.log_dir}", highlight=False, soft_wrap=True)
-        supervisor = Supervisor({ENV_KAFKA: endpoints.kafka, ENV_ETCD: endpoints.etcd,
-                                 ENV_REDIS: endpoints.redis}, plan.log_dir)
+        supervisor = Supervisor(endpoints.env(), plan.log_dir)
         start_children(supervisor, plan, endpoints)
         monitor = JobMonitor(endpoints, plan.job, PSERVERS, started)
         deadline = None if duration is None else started + duration

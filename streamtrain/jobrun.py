@@ -22,7 +22,6 @@ from pathlib import Path
 from rich.console import Console
 
 from streamtrain.infra import Endpoints
-from streamtrain.infra.endpoints import ENV_ETCD, ENV_KAFKA, ENV_REDIS
 
 STATE_CHECK_S = 1.0
 
@@ -87,8 +86,7 @@ def run_job(endpoints: Endpoints, job_file: Path, config, console: Console, *, l
         console.print(f"kafka  {endpoints.kafka}  etcd {endpoints.etcd}  redis {endpoints.redis}", highlight=False)
         # The metrics topic as trainers would create it, so the status line can read it from the start.
         ensure_topics(endpoints, [TopicSpec(Topics(job).metrics)])
-        supervisor = Supervisor({ENV_KAFKA: endpoints.kafka, ENV_ETCD: endpoints.etcd,
-                                 ENV_REDIS: endpoints.redis}, log_dir)
+        supervisor = Supervisor(endpoints.env(), log_dir)
         start_children(supervisor, job_file, job, pservers, trainers)
         monitor = JobMonitor(endpoints, job, pservers, started)
 

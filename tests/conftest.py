@@ -1,12 +1,14 @@
-"""Session fixtures: the real Kafka, etcd and Redis, started once on free ports in a temp dir.
+"""Session fixtures: the real Kafka, etcd and Redis, started once on free ports in a temp dir,
+and a real schema registry for the tests that ask for one.
 
-A service whose STREAMTRAIN_KAFKA / STREAMTRAIN_ETCD / STREAMTRAIN_REDIS variable is set is
-used as it is instead (an external cluster). Tests isolate themselves by unique names
+A service whose STREAMTRAIN_KAFKA / STREAMTRAIN_ETCD / STREAMTRAIN_REDIS / STREAMTRAIN_REGISTRY
+variable is set is used as it is instead (an external cluster). Tests isolate themselves by unique names
 (`unique`), never by restarting services.
 """
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -14,6 +16,8 @@ import pytest
 
 from streamtrain.infra import Endpoints, LocalServices, Ports
 from streamtrain.infra.clients import TopicSpec, ensure_topics, etcd_client, redis_client
+from streamtrain.infra.endpoints import ENV_REGISTRY
+from streamtrain.infra.schema_registry import SchemaRegistryServer
 
 
 @pytest.fixture(scope="session")
@@ -24,6 +28,21 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
         yield local.endpoints
     finally:
         local.down()
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The URL of Confluent's API on a real schema registry (Apicurio, infra/schema_registry.py),
+    started for the tests that need one; STREAMTRAIN_REGISTRY names an external one instead."""
+    if external := os.environ.get(ENV_REGISTRY):
+        yield external
+        return
+    server = SchemaRegistryServer(tmp_path_factory.mktemp("registry"), Ports.free().registry)
+    try:
+        server.start()
+        yield server.address
+    finally:
+        server.stop()
 
 
 @pytest.fixture
