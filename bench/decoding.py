@@ -4,7 +4,7 @@
 
 The production workload of `bench.e2e` (8 fields, Zipf ids, 4 dense features, a label, an event
 time), the same records written four ways: streamtrain's Example JSON; CSV lines; a log's own
-nested JSON read through `input.json_fields` (ids as numbers); the same with the ids and the
+nested JSON read through `input.fields` (ids as numbers); the same with the ids and the
 event time as strings (ids hashed, ISO-8601 times). Each is decoded by the trainers' own
 `ChunkDecoder`, a chunk at a time as a loader does; every format must give the same columns as
 Example JSON (ids aside where strings are hashed). Prints one JSON report: per format, records/s
@@ -28,7 +28,7 @@ from streamtrain.trainer.decoders import ChunkDecoder
 
 
 def declared_records(w: Workload, strings: bool) -> tuple[list[bytes], str]:
-    """The records as a service might log them, and the job's [input.json_fields] for them."""
+    """The records as a service might log them, and the job's [input.fields] for them."""
     c, fields = w.train, w.model.fields
     origin = w.model.config.origin_ms
     out = []
@@ -44,7 +44,7 @@ def declared_records(w: Workload, strings: bool) -> tuple[list[bytes], str]:
         out.append(json.dumps(doc, separators=(",", ":")).encode())
     sparse = ", ".join(f'{f} = "event.{f}"' for f in fields)
     dense_paths = ", ".join(f'"features.d{j}"' for j in range(w.model.dense_features))
-    section = f'[input.json_fields]\nsparse = {{ {sparse} }}\ndense = [{dense_paths}]\nlabel = "clicked"\ntime = "ts"'
+    section = f'[input.fields]\nsparse = {{ {sparse} }}\ndense = [{dense_paths}]\nlabel = "clicked"\ntime = "ts"'
     return out, section
 
 

@@ -19,7 +19,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from streamtrain.jobstate.json_fields import JsonFields, JsonFieldsError, parse_json_fields
+from streamtrain.jobstate.fields import DeclaredFields, FieldsError, parse_fields
 from streamtrain.schemas import StreamtrainError
 
 __all__ = [
@@ -44,6 +44,7 @@ _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _REF = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*", re.ASCII)
 _URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S.*")
 _CSV_NAME = re.compile(r"[^\s:]+")
+_URL = re.compile(r"https?://[^\s/]+(?:/\S*)?")
 _CSV_KINDS = ("label", "dense", "sparse", "time", "ignore")
 # TOML integers are signed 64-bit; JSON's are not, and from_json must accept exactly what TOML can.
 _I64_MAX = 2**63 - 1
@@ -249,11 +250,14 @@ class InputSection:
 
     Attributes:
         topics: the Kafka topics to read (required, non-empty, no duplicates).
-        format: record decoding: ``json``, ``binary``, ``csv`` or a ``"module:callable"``.
+        format: record decoding: ``json``, ``binary``, ``csv``, ``avro`` or a ``"module:callable"``.
         csv_columns: the CSV columns in file order; non-empty exactly when format is ``csv``.
-        json_fields: with format ``json``, the paths of a log's own JSON documents the model
-            trains on (``[input.json_fields]``, jobstate/json_fields.py); None: the records are
-            streamtrain's Example documents.
+        fields: the paths of a log's own records the model trains on (``[input.fields]``,
+            jobstate/fields.py): with ``json``, None means the records are streamtrain's Example
+            documents; ``avro`` requires it.
+        registry: with ``avro``, the URL of Confluent's REST API on the schema registry that
+            holds the records' writer schemas; empty: the local one (`streamtrain up --registry`,
+            or ``STREAMTRAIN_REGISTRY``).
         passes: 0 = online input, follow the live stream forever; N >= 1 = bounded input, the
             end offsets are snapshotted at job start and that data is trained N times.
         start_from: ``earliest`` or ``latest``: where a partition's cursor starts when the
@@ -263,21 +267,29 @@ class InputSection:
     topics: tuple[str, ...]
     format: str = "json"
     csv_columns: tuple[CsvColumn, ...] = ()
-    json_fields: JsonFields | None = None
+    fields: DeclaredFields | None = None
+    registry: str = ""
     passes: int = 0
     start_from: str = "earliest"
 
     def __post_init__(self) -> None:
         _fix(self, topics=_topics("input.topics", self.topics))
-        fmt = _choice("input.format", self.format, ("json", "binary", "csv"), ref=True)
+        fmt = _choice("input.format", self.format, ("json", "binary", "csv", "avro"), ref=True)
         _fix(self, csv_columns=_csv_columns("input.csv_columns", self.csv_columns, fmt))
-        if self.json_fields is not None:
-            if fmt != "json":
-                raise JobConfigError("input.json_fields", f"only applies when input.format = 'json' (it is {fmt!r})")
+        if fmt == "avro" and self.fields is None:
+            raise JobConfigError("input.fields", "is required when input.format = 'avro': the paths of the "
+                                 "records' fields the model trains on (docs/your-topic.md)")
+        if self.fields is not None:
+            if fmt not in ("json", "avro"):
+                raise JobConfigError("input.fields", f"only applies when input.format is 'json' or 'avro' (it is {fmt!r})")
             try:
-                _fix(self, json_fields=parse_json_fields("input.json_fields", self.json_fields))
-            except JsonFieldsError as exc:
+                _fix(self, fields=parse_fields("input.fields", self.fields))
+            except FieldsError as exc:
                 raise JobConfigError(exc.key, exc.reason) from None
+        if not isinstance(self.registry, str) or (self.registry and not _URL.fullmatch(self.registry)):
+            raise JobConfigError("input.registry", f"must be an http(s) URL, got {_show(self.registry)}")
+        if self.registry and fmt != "avro":
+            raise JobConfigError("input.registry", f"only applies when input.format = 'avro' (it is {fmt!r}); remove it")
         passes = _int("input.passes", self.passes, 0)
         start_from = _choice("input.start_from", self.start_from, ("earliest", "latest"))
         # Bounded input is "the records up to the end offsets snapshotted at start": starting
@@ -634,9 +646,9 @@ def _section_dict(section: object) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in fields(section):  # type: ignore[arg-type]
         value = getattr(section, f.name)
-        if value is None:  # an optional table not given (input.json_fields): JSON has no "unset"
+        if value is None:  # an optional table not given (input.fields): JSON has no "unset"
             continue
-        if isinstance(value, JsonFields):
+        if isinstance(value, DeclaredFields):
             out[f.name] = value.to_dict()
         else:
             out[f.name] = [str(item) for item in value] if isinstance(value, tuple) else value
@@ -678,6 +690,7 @@ def _build(data: dict[str, Any], source: str) -> JobConfig:
 
 # Keys that meant something once: a job file that still sets one is told what became of it.
 _REMOVED = {
+    "input.json_fields": "renamed: [input.fields] (the same table; it also maps Avro records)",
     "train.commit_every": "removed: deltas are no longer committed in Kafka transactions; each is produced "
                           "as it is made and applied once by the pservers' ledger (docs/job-config.md, "
                           "train.delivery); remove the key",

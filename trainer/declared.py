@@ -1,5 +1,5 @@
-"""A log's own JSON documents, decoded by the paths the job declares (`input.json_fields`,
-jobstate/json_fields.py, which says what each path may hold).
+"""A log's own JSON documents, decoded by the paths the job declares (`input.fields`,
+jobstate/fields.py, which says what each path may hold).
 
 `DeclaredJson` decodes one record and is the reference: what it accepts and the reasons it
 gives are the verdicts. `DeclaredJsonFast` reads a chunk with pyarrow's JSON reader, in C,
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
+from decimal import Decimal
 
 import msgspec
 import numpy as np
@@ -20,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from streamtrain.jobstate.json_fields import JsonFields, LabelRule
+from streamtrain.jobstate.fields import DeclaredFields, LabelRule
 from streamtrain.schemas import Example
 from streamtrain.trainer.features import Columns
 
@@ -31,22 +32,19 @@ _COMPARE = {">": np.greater, ">=": np.greater_equal, "<": np.less, "<=": np.less
             "!=": np.not_equal}
 
 
-class DeclaredJson:
-    """One record into an Example. Raises DecodeError (trainer.decoders) naming the path."""
+class DeclaredRecord:
+    """A parsed record (objects as dicts, arrays as lists: what a JSON or an Avro decoder
+    gives) into an Example by the declared paths. Raises `error` naming the path; `kind`
+    names the format in the reasons."""
 
-    def __init__(self, fields: JsonFields, error: type[Exception], stable_id) -> None:
+    def __init__(self, fields: DeclaredFields, error: type[Exception], stable_id, kind: str) -> None:
         self.fields = fields
         self._error = error
         self._stable_id = stable_id
+        self._kind = kind
         self._defaults = dict(fields.defaults)
 
-    def __call__(self, value: bytes) -> Example:
-        try:
-            doc = msgspec.json.decode(value)
-        except msgspec.DecodeError as exc:
-            raise self._error(f"json: {exc}") from exc
-        if not isinstance(doc, dict):
-            raise self._error(f"json: a record must be an object, got {type(doc).__name__}")
+    def example(self, doc: dict) -> Example:
         f = self.fields
         sparse = {name: self._ids(path, self._get(doc, path)) for name, path in f.sparse}
         dense = tuple(self._number(path, self._required(doc, path, "dense")) for path in f.dense)
@@ -61,7 +59,7 @@ class DeclaredJson:
             if node is None:
                 break
             if not isinstance(node, dict):
-                raise self._error(f"json field {path!r}: {'.'.join(walked)!r} is {_show(node)}, not an object")
+                raise self._error(f"{self._kind} field {path!r}: {'.'.join(walked)!r} is {_show(node)}, not an object")
             node = node.get(key)
             walked.append(key)
         return self._defaults.get(path, _MISSING) if node is None else node
@@ -69,7 +67,7 @@ class DeclaredJson:
     def _required(self, doc: dict, path: str, what: str) -> object:
         value = self._get(doc, path)
         if value is _MISSING:
-            raise self._error(f"json field {path!r} ({what}): missing, and no default")
+            raise self._error(f"{self._kind} field {path!r} ({what}): missing, and no default")
         return value
 
     def _ids(self, path: str, value: object) -> tuple[int, ...]:
@@ -83,31 +81,31 @@ class DeclaredJson:
             elif isinstance(item, int) and not isinstance(item, bool) and 0 <= item < 2**64:
                 out.append(item)
             else:
-                raise self._error(f"json field {path!r} (sparse): {_show(item)} is not an id "
+                raise self._error(f"{self._kind} field {path!r} (sparse): {_show(item)} is not an id "
                                   f"(an integer 0..2^64-1 or a string)")
         return tuple(out)
 
     def _number(self, path: str, value: object) -> float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, (int, float, Decimal)) and not isinstance(value, bool):
             return self._float(path, "dense", value)
-        raise self._error(f"json field {path!r} (dense): {_show(value)} is not a number")
+        raise self._error(f"{self._kind} field {path!r} (dense): {_show(value)} is not a number")
 
-    def _float(self, path: str, what: str, value: int | float) -> float:
+    def _float(self, path: str, what: str, value: int | float | Decimal) -> float:
         try:
             return float(value)
         except OverflowError:  # an integer literal beyond any double
-            raise self._error(f"json field {path!r} ({what}): {_show(value)} is too large") from None
+            raise self._error(f"{self._kind} field {path!r} ({what}): {_show(value)} is too large") from None
 
     def _label(self, rule: LabelRule, value: object) -> float:
         if rule.op is None and isinstance(value, bool):
             return float(value)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, (int, float, Decimal)) and not isinstance(value, bool):
             number = self._float(rule.path, "label", value)
             if rule.op is None:
                 return number
             return float(bool(_COMPARE[rule.op](number, rule.threshold)))
         wanted = "a number" if rule.op else "true, false or a number"
-        raise self._error(f"json field {rule.path!r} (label): {_show(value)} is not {wanted}")
+        raise self._error(f"{self._kind} field {rule.path!r} (label): {_show(value)} is not {wanted}")
 
     def _time(self, path: str, value: object) -> int:
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
@@ -116,8 +114,28 @@ class DeclaredJson:
             ms = iso_ms(value)
             if ms is not None:
                 return ms
-        raise self._error(f"json field {path!r} (time): {_show(value)} is neither epoch milliseconds (>= 0) "
+        if isinstance(value, dt.datetime):  # Avro's timestamp-millis and -micros
+            ms = datetime_ms(value)
+            if ms >= 0:
+                return ms
+        raise self._error(f"{self._kind} field {path!r} (time): {_show(value)} is neither epoch milliseconds (>= 0) "
                           f"nor an ISO-8601 time")
+
+
+class DeclaredJson(DeclaredRecord):
+    """One JSON record into an Example."""
+
+    def __init__(self, fields: DeclaredFields, error: type[Exception], stable_id) -> None:
+        super().__init__(fields, error, stable_id, "json")
+
+    def __call__(self, value: bytes) -> Example:
+        try:
+            doc = msgspec.json.decode(value)
+        except msgspec.DecodeError as exc:
+            raise self._error(f"json: {exc}") from exc
+        if not isinstance(doc, dict):
+            raise self._error(f"json: a record must be an object, got {type(doc).__name__}")
+        return self.example(doc)
 
 
 def iso_ms(text: str) -> int | None:
@@ -126,10 +144,15 @@ def iso_ms(text: str) -> int | None:
         when = dt.datetime.fromisoformat(text)
     except ValueError:
         return None
+    ms = datetime_ms(when)
+    return ms if ms >= 0 else None
+
+
+def datetime_ms(when: dt.datetime) -> int:
+    """Milliseconds since the epoch (UTC unless `when` names an offset)."""
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.timezone.utc)
-    ms = (when - _EPOCH) // _MS
-    return ms if ms >= 0 else None
+    return (when - _EPOCH) // _MS
 
 
 def object_lines(values: Sequence[bytes | None]) -> bytes | None:
@@ -179,7 +202,7 @@ def _show(value: object) -> str:
 class DeclaredJsonFast:
     """A chunk of records into the job's columns in C where they have the usual shape."""
 
-    def __init__(self, fields: JsonFields, model_fields: Sequence[str], dense_features: int, stable_id) -> None:
+    def __init__(self, fields: DeclaredFields, model_fields: Sequence[str], dense_features: int, stable_id) -> None:
         self.fields = fields
         self.model_fields = tuple(model_fields)
         self.usable = len(fields.dense) == dense_features  # else every record is refused, one by one

@@ -1,7 +1,9 @@
 """Record bytes → examples, as the job's `input.format` names it.
 
-Built-ins: `json` and `binary` (the schemas/ formats) and `csv` (one line per record, columns
-declared by `input.csv_columns`); anything else is a user's "module:callable" taking the
+Built-ins: `json` and `binary` (the schemas/ formats, or with `json` a log's own documents by
+the paths of `input.fields`), `csv` (one line per record, columns declared by
+`input.csv_columns`) and `avro` (Confluent's wire format, schemas from a registry,
+trainer/avro.py); anything else is a user's "module:callable" taking the
 record's value bytes and returning an Example. Every failure is a `DecodeError` with a reason
 a person can act on; the trainer dead-letters the record and goes on.
 
@@ -32,8 +34,10 @@ import pyarrow.compute as pc
 import pyarrow.csv as pv
 import pyarrow.json as pj
 
+from streamtrain.infra.endpoints import Endpoints
 from streamtrain.jobstate.config import CsvColumn, InputSection
 from streamtrain.schemas import Example, SchemaError, StreamtrainError
+from streamtrain.trainer.avro import DeclaredAvro, registry_fetch
 from streamtrain.trainer.declared import DeclaredJson, DeclaredJsonFast, object_lines
 from streamtrain.trainer.features import Columns
 
@@ -61,12 +65,13 @@ class ChunkDecoder:
         self.fields = tuple(fields)
         self.dense_features = dense_features
         self._one = make_decoder(section)
-        example_json = section.format == "json" and section.json_fields is None
+        example_json = section.format == "json" and section.fields is None
         self._fast = _JsonFast() if example_json else None
         self._arrow = _JsonArrow(self.fields, dense_features) if example_json else None
         self._csv = _CsvFast(section.csv_columns, self.fields, dense_features) if section.format == "csv" else None
-        self._declared = DeclaredJsonFast(section.json_fields, self.fields, dense_features, stable_id) \
-            if section.json_fields is not None else None
+        declared_json = section.format == "json" and section.fields is not None
+        self._declared = DeclaredJsonFast(section.fields, self.fields, dense_features, stable_id) \
+            if declared_json else None
 
     def decode(self, values: Sequence[bytes | None]) -> Decoded:
         if self._csv is not None:
@@ -425,14 +430,18 @@ def _empty_columns(fields: int, dense_features: int) -> Columns:
 
 
 def make_decoder(section: InputSection) -> Decoder:
-    if section.format == "json" and section.json_fields is not None:
-        return _guarded(DeclaredJson(section.json_fields, DecodeError, stable_id))
+    if section.format == "json" and section.fields is not None:
+        return _guarded(DeclaredJson(section.fields, DecodeError, stable_id))
     if section.format == "json":
         return _guarded(Example.from_json)
     if section.format == "binary":
         return _guarded(Example.from_bytes)
     if section.format == "csv":
         return _guarded(CsvDecoder(section.csv_columns))
+    if section.format == "avro":
+        assert section.fields is not None, "the config requires [input.fields] with avro"
+        url = section.registry or Endpoints.resolve().registry
+        return _guarded(DeclaredAvro(section.fields, DecodeError, stable_id, registry_fetch(url)))
     # Whatever a user's decoder raises on a record (struct.error, its own exceptions) makes
     # that record bad, not the trainer: a task that stopped every trainer that retried it
     # would stop training. A bug in the built-ins, though, should surface.

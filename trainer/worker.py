@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from streamtrain.infra import Endpoints
 from streamtrain.infra.clients import TopicSpec, ensure_topics, redis_client
+from streamtrain.infra.schema_registry import RegistryUnavailableError
 from streamtrain.jobstate.config import JobConfig
 from streamtrain.jobstate.errors import CoordinationError, MasterError, TaskLostError
 from streamtrain.jobstate.etcd import Etcd
@@ -52,6 +53,9 @@ from streamtrain.trainer.replica import RowReplica
 from streamtrain.trainer.steps import InFlight, StepGate
 
 log = logging.getLogger(__name__)
+
+
+REGISTRY_AWAY_S = 5.0  # a schema registry that did not answer is asked again after this
 
 
 class _Stopped(Exception):
@@ -87,7 +91,7 @@ def use_torch_threads(config: JobConfig) -> None:
 
 
 def model_spec(config: JobConfig) -> ModelSpec:
-    declared = config.input.json_fields
+    declared = config.input.fields
     fields = config.model.sparse_fields or tuple(
         c.name for c in config.input.csv_columns if c.kind == "sparse") or (
         tuple(name for name, _ in declared.sparse) if declared else ())
@@ -260,6 +264,11 @@ class Trainer:
         except ParamsUnavailableError as exc:
             log.warning("trainer %s: %s; giving the task back", self.trainer_id, exc)
             stop.wait(exc.retry_after)
+            ending = "released"
+        except RegistryUnavailableError as exc:
+            # Its records are not bad, only unreadable for now: the task waits for the registry.
+            log.warning("trainer %s: %s; giving the task back", self.trainer_id, exc)
+            stop.wait(REGISTRY_AWAY_S)
             ending = "released"
         except TaskLostError as exc:
             log.warning("trainer %s: %s", self.trainer_id, exc)

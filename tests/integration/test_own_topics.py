@@ -1,18 +1,23 @@
 """A job pointed at topics not written for streamtrain (issue 15): the same click log as a
-service's nested JSON and as a CSV export with columns the model must not see trains as well as
-the same records in Example JSON, and `streamtrain job check` reads each as the trainers do."""
+service's nested JSON, as a CSV export with columns the model must not see, and as Avro records
+whose schema, held by a real registry, changes mid-stream, trains as well as the same records
+in Example JSON, and `streamtrain job check` reads each as the trainers do."""
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
-
+import urllib.request
 import uuid
 
+import fastavro
 import pytest
 
 from conftest import write_job_file
+from streamtrain.infra import Ports
 from streamtrain.infra.clients import TopicSpec, ensure_topics, redis_client
+from streamtrain.infra.schema_registry import RegistryUnavailableError, fetch_schema
 from test_cli_jobs import streamtrain
 from test_trainer import MODEL, distributed_and_single_auc, make_job, write_examples
 
@@ -36,25 +41,74 @@ def csv_line(i: int, example) -> bytes:
     return ",".join(cells).encode()
 
 
+def avro_schema(version: int) -> dict:
+    """The click log's writer schema: version 2 drops `request` and adds an optional `device`."""
+    event = [{"name": "ids", "type": {"type": "record", "name": "Ids", "fields": [
+        {"name": f, "type": {"type": "array", "items": "long"}} for f in FIELDS]}}]
+    if version == 1:
+        event.append({"name": "request", "type": "string"})
+    fields = [
+        {"name": "event", "type": {"type": "record", "name": "Event", "fields": event}},
+        {"name": "features", "type": {"type": "record", "name": "Features", "fields": [
+            {"name": f"d{j}", "type": "double"} for j in range(MODEL.dense_features)]}},
+        {"name": "clicked", "type": "boolean"},
+        {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    ]
+    if version == 2:
+        fields.append({"name": "device", "type": ["null", "string"], "default": None})
+    return {"type": "record", "name": "Click", "namespace": "shop", "fields": fields}
+
+
+def register(registry: str, subject: str, schema: dict) -> int:
+    body = json.dumps({"schema": json.dumps(schema)}).encode()
+    request = urllib.request.Request(f"{registry}/subjects/{subject}/versions", body,
+                                     {"Content-Type": "application/vnd.schemaregistry.v1+json"})
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        return json.loads(reply.read())["id"]
+
+
+def avro_records(registry: str, topic: str) -> list[bytes]:
+    """The records in Confluent's wire format, the second half under the schema's next version."""
+    ids = {v: register(registry, f"{topic}-value", avro_schema(v)) for v in (1, 2)}
+    parsed = {v: fastavro.parse_schema(avro_schema(v)) for v in (1, 2)}
+    out = []
+    for i, e in enumerate(TRAIN):
+        version = 1 if i < len(TRAIN) // 2 else 2
+        event = {"ids": {f: list(e.sparse.get(f, ())) for f in FIELDS}, **({"request": f"r-{i}"} if version == 1 else {})}
+        record = {"event": event, "features": {f"d{j}": x for j, x in enumerate(e.dense)}, "clicked": e.label > 0.5,
+                  "ts": e.event_time_ms, **({"device": "ios"} if version == 2 else {})}
+        buf = io.BytesIO()
+        buf.write(b"\0" + ids[version].to_bytes(4, "big"))
+        fastavro.schemaless_writer(buf, parsed[version], record)
+        out.append(buf.getvalue())
+    return out
+
+
 FORMATS = {
     "example": ([e.to_json() for e in TRAIN], {}),
-    "nested": ([nested(e) for e in TRAIN], {"json_fields": {
+    "nested": ([nested(e) for e in TRAIN], {"fields": {
         "sparse": {f: f"event.ids.{f}" for f in FIELDS},
         "dense": [f"features.d{j}" for j in range(MODEL.dense_features)],
         "label": "clicked", "time": "ts"}}),
     "csv": ([csv_line(i, e) for i, e in enumerate(TRAIN)], {"format": "csv", "csv_columns": [
         "request:ignore", "y:label", *(f"{f}:sparse" for f in FIELDS),
         *(f"d{j}:dense" for j in range(MODEL.dense_features)), "ts:time", "revenue:ignore"]}),
+    "avro": (avro_records, {"format": "avro", "fields": {
+        "sparse": {f: f"event.ids.{f}" for f in FIELDS},
+        "dense": [f"features.d{j}" for j in range(MODEL.dense_features)],
+        "label": "clicked", "time": "ts"}}),
 }
 
 
 @pytest.fixture(scope="module")
-def aucs(services, tmp_path_factory) -> dict[str, float]:
+def aucs(services, registry, tmp_path_factory) -> dict[str, float]:
     """Holdout AUC after one sync pass over each form of the same records, and one process's."""
     out, redis_conn = {}, redis_client(services)
     for name, (values, input_section) in FORMATS.items():
         topic = f"own-{name}-{uuid.uuid4().hex[:10]}"
         ensure_topics(services, [TopicSpec(topic, 2)])
+        if name == "avro":
+            values, input_section = values(registry, topic), {**input_section, "registry": registry}
         counts = write_examples(services, topic, values, 2)
         config = make_job(f"{topic}-job", topic, tmp_path_factory.mktemp(name), sgd="sync")
         config = dataclasses.replace(config, input=dataclasses.replace(config.input, **input_section))
@@ -70,7 +124,13 @@ def aucs(services, tmp_path_factory) -> dict[str, float]:
     return out
 
 
-@pytest.mark.parametrize("name", ["nested", "csv"])
+@pytest.mark.parametrize("name", ["nested", "csv", "avro"])
 def test_a_log_of_its_own_form_trains_as_well_as_example_json(aucs, name) -> None:
     assert aucs["example"] > 0.72
     assert abs(aucs[name] - aucs["example"]) < 0.005, aucs
+
+
+def test_the_registry_client_tells_an_unknown_id_from_a_registry_away(registry) -> None:
+    assert fetch_schema(registry, 987654) is None
+    with pytest.raises(RegistryUnavailableError, match="schema id 1"):
+        fetch_schema(f"http://127.0.0.1:{Ports.free().registry}/apis/ccompat/v7", 1, timeout=1, attempts=1)

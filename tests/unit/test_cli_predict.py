@@ -26,7 +26,7 @@ class FakeScorer:
 
 
 def predictor(fmt: str = "json") -> tuple[Predictor, FakeScorer]:
-    section = SimpleNamespace(format=fmt, csv_columns=(), json_fields=None)
+    section = SimpleNamespace(format=fmt, csv_columns=(), fields=None)
     scorer = FakeScorer()
     return Predictor(SimpleNamespace(name="j", input=section), scorer, make_decoder(section)), scorer
 

@@ -21,7 +21,7 @@ def section(label: str = "clicked", defaults: str = "{}"):
 name = "j"
 [input]
 topics = ["t"]
-[input.json_fields]
+[input.fields]
 sparse = {{ user = "user.id", tags = "ctx.tags", device = "ctx.device" }}
 dense = ["price", "ctx.age"]
 label = "{label}"
@@ -123,7 +123,7 @@ def test_chunks_with_a_label_rule_decode_as_one_by_one_does(values) -> None:
 def test_declared_fields_survive_the_jobs_json_and_give_the_model_its_fields() -> None:
     from streamtrain.trainer.worker import model_spec
 
-    config = JobConfig.from_toml('[job]\nname = "j"\n[input]\ntopics = ["t"]\n[input.json_fields]\n'
+    config = JobConfig.from_toml('[job]\nname = "j"\n[input]\ntopics = ["t"]\n[input.fields]\n'
                                  'sparse = { user = "u.id", ad = "a" }\ndense = ["p"]\nlabel = "d >= 3"\n'
                                  'defaults = { p = 1 }')
     assert JobConfig.from_json(config.to_json()) == config
@@ -132,25 +132,33 @@ def test_declared_fields_survive_the_jobs_json_and_give_the_model_its_fields() -
 
 
 @pytest.mark.parametrize("table, key, reason", [
-    ('label = "y"', "input.json_fields", "at least one sparse or dense"),
-    ('dense = ["a"]', "input.json_fields.label", "is required"),
-    ('dense = ["a"]\nlabel = "y >> 2"', "input.json_fields.label", "op one of"),
-    ('dense = ["a"]\nlabel = "y > soon"', "input.json_fields.label", "finite number"),
-    ('sparse = { u = "a..b" }\nlabel = "y"', "input.json_fields.sparse.u", "path of keys"),
-    ('dense = ["a"]\nlabel = "y"\nwhen = "t"', "input.json_fields.when", "unknown key"),
-    ('dense = ["a"]\nlabel = "y"\ndefaults = { a = [1] }', "input.json_fields.defaults.a", "number, string or boolean"),
+    ('label = "y"', "input.fields", "at least one sparse or dense"),
+    ('dense = ["a"]', "input.fields.label", "is required"),
+    ('dense = ["a"]\nlabel = "y >> 2"', "input.fields.label", "op one of"),
+    ('dense = ["a"]\nlabel = "y > soon"', "input.fields.label", "finite number"),
+    ('sparse = { u = "a..b" }\nlabel = "y"', "input.fields.sparse.u", "path of keys"),
+    ('dense = ["a"]\nlabel = "y"\nwhen = "t"', "input.fields.when", "unknown key"),
+    ('dense = ["a"]\nlabel = "y"\ndefaults = { a = [1] }', "input.fields.defaults.a", "number, string or boolean"),
 ])
 def test_a_bad_declaration_is_refused_naming_the_key(table, key, reason) -> None:
     from streamtrain.jobstate.config import JobConfigError
 
     with pytest.raises(JobConfigError) as err:
-        JobConfig.from_toml(f'[job]\nname = "j"\n[input]\ntopics = ["t"]\n[input.json_fields]\n{table}')
+        JobConfig.from_toml(f'[job]\nname = "j"\n[input]\ntopics = ["t"]\n[input.fields]\n{table}')
     assert err.value.key == key and reason in err.value.reason
 
 
-def test_declared_fields_need_the_json_format() -> None:
+def test_declared_fields_need_the_json_or_avro_format() -> None:
     from streamtrain.jobstate.config import JobConfigError
 
-    with pytest.raises(JobConfigError, match="only applies when input.format = 'json'"):
+    with pytest.raises(JobConfigError, match="only applies when input.format is 'json' or 'avro'"):
         JobConfig.from_toml('[job]\nname = "j"\n[input]\ntopics = ["t"]\nformat = "binary"\n'
+                            '[input.fields]\ndense = ["a"]\nlabel = "y"')
+
+
+def test_the_old_name_of_the_declared_fields_says_what_it_became() -> None:
+    from streamtrain.jobstate.config import JobConfigError
+
+    with pytest.raises(JobConfigError, match=r"input.json_fields: renamed: \[input.fields\]"):
+        JobConfig.from_toml('[job]\nname = "j"\n[input]\ntopics = ["t"]\n'
                             '[input.json_fields]\ndense = ["a"]\nlabel = "y"')

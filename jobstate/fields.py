@@ -1,9 +1,10 @@
-"""`[input.json_fields]`: which fields of a JSON log the model trains on, by path.
+"""`[input.fields]`: which fields of a log's own records (JSON or Avro) the model trains on, by path.
 
 A production log is not written for us: its records are the service's own documents, nested,
 with ids as numbers or strings, optional fields and booleans for labels. The job file names,
-for each thing the model needs, where it is in a record (`user.id`: key `id` of the object
-under `user`); trainer/declared.py decodes by it. What a path may hold:
+for each thing the model needs, where it is in a record (`user.id`: key `id` of the object, or
+Avro record, under `user`); trainer/declared.py and trainer/avro.py decode by it. What a path
+may hold:
 
 | declared | a record's value there |
 |---|---|
@@ -32,8 +33,8 @@ _RULE = re.compile(rf"\s*({_SEGMENT}(?:\.{_SEGMENT})*)\s*(?:(>=|<=|==|!=|>|<)\s*
 OPERATORS = (">", ">=", "<", "<=", "==", "!=")
 
 
-class JsonFieldsError(StreamtrainError, ValueError):
-    """A declaration that cannot be used; `key` names it (`input.json_fields.sparse.user`)."""
+class FieldsError(StreamtrainError, ValueError):
+    """A declaration that cannot be used; `key` names it (`input.fields.sparse.user`)."""
 
     def __init__(self, key: str, reason: str) -> None:
         super().__init__(f"{key}: {reason}")
@@ -54,7 +55,7 @@ class LabelRule:
 
 
 @dataclass(frozen=True)
-class JsonFields:
+class DeclaredFields:
     sparse: tuple[tuple[str, str], ...]  # (model field, path), by field name: a table has no order in JSON
     dense: tuple[str, ...]  # paths, in the model's order
     label: LabelRule
@@ -65,7 +66,7 @@ class JsonFields:
         return dict(self.defaults).get(path)
 
     def to_dict(self) -> dict[str, object]:
-        """The TOML/JSON form `parse_json_fields` reads back to an equal value."""
+        """The TOML/JSON form `parse_fields` reads back to an equal value."""
         out: dict[str, object] = {"sparse": dict(self.sparse), "dense": list(self.dense), "label": str(self.label)}
         if self.time is not None:
             out["time"] = self.time
@@ -74,55 +75,55 @@ class JsonFields:
         return out
 
 
-def parse_json_fields(key: str, value: object) -> JsonFields:
-    """Raises: JsonFieldsError naming the key at fault."""
-    if isinstance(value, JsonFields):
+def parse_fields(key: str, value: object) -> DeclaredFields:
+    """Raises: FieldsError naming the key at fault."""
+    if isinstance(value, DeclaredFields):
         return value
     if not isinstance(value, dict):
-        raise JsonFieldsError(key, f"must be a table of sparse, dense, label, time, defaults, got {value!r}")
+        raise FieldsError(key, f"must be a table of sparse, dense, label, time, defaults, got {value!r}")
     unknown = set(value) - {"sparse", "dense", "label", "time", "defaults"}
     if unknown:
-        raise JsonFieldsError(f"{key}.{sorted(unknown)[0]}", "unknown key (sparse, dense, label, time, defaults)")
+        raise FieldsError(f"{key}.{sorted(unknown)[0]}", "unknown key (sparse, dense, label, time, defaults)")
     sparse = value.get("sparse", {})
     if not isinstance(sparse, dict):
-        raise JsonFieldsError(f"{key}.sparse", f"must be a table of field name = \"path\", got {sparse!r}")
+        raise FieldsError(f"{key}.sparse", f"must be a table of field name = \"path\", got {sparse!r}")
     for name, path in sparse.items():
         if not name or not name.isprintable() or len(name.encode()) > 255:
-            raise JsonFieldsError(f"{key}.sparse", f"field name must be 1-255 printable bytes, got {name!r}")
+            raise FieldsError(f"{key}.sparse", f"field name must be 1-255 printable bytes, got {name!r}")
         _path(f"{key}.sparse.{name}", path)
     dense = value.get("dense", [])
     if not isinstance(dense, (list, tuple)):
-        raise JsonFieldsError(f"{key}.dense", f"must be a list of paths, got {dense!r}")
+        raise FieldsError(f"{key}.dense", f"must be a list of paths, got {dense!r}")
     for i, path in enumerate(dense):
         _path(f"{key}.dense[{i}]", path)
     if not sparse and not dense:
-        raise JsonFieldsError(key, "must declare at least one sparse or dense field: a label alone trains nothing")
+        raise FieldsError(key, "must declare at least one sparse or dense field: a label alone trains nothing")
     if "label" not in value:
-        raise JsonFieldsError(f"{key}.label", "is required: a path, or 'path > number'")
+        raise FieldsError(f"{key}.label", "is required: a path, or 'path > number'")
     label = _label(f"{key}.label", value["label"])
     time = value.get("time")
     if time is not None:
         _path(f"{key}.time", time)
     defaults = value.get("defaults", {})
     if not isinstance(defaults, dict):
-        raise JsonFieldsError(f"{key}.defaults", f"must be a table of \"path\" = value, got {defaults!r}")
+        raise FieldsError(f"{key}.defaults", f"must be a table of \"path\" = value, got {defaults!r}")
     for path, default in defaults.items():
         _path(f"{key}.defaults", path)
         if isinstance(default, (dict, list)) and not (isinstance(default, list) and path in sparse.values()):
-            raise JsonFieldsError(f"{key}.defaults.{path}", f"must be a number, string or boolean, got {default!r}")
-    return JsonFields(tuple(sorted(sparse.items())), tuple(dense), label, time, tuple(sorted(defaults.items())))
+            raise FieldsError(f"{key}.defaults.{path}", f"must be a number, string or boolean, got {default!r}")
+    return DeclaredFields(tuple(sorted(sparse.items())), tuple(dense), label, time, tuple(sorted(defaults.items())))
 
 
 def _path(key: str, path: object) -> str:
     if not isinstance(path, str) or not _PATH.fullmatch(path):
-        raise JsonFieldsError(key, f"must be a path of keys joined by '.' (user.id), got {path!r}")
+        raise FieldsError(key, f"must be a path of keys joined by '.' (user.id), got {path!r}")
     return path
 
 
 def _label(key: str, rule: object) -> LabelRule:
     match = _RULE.fullmatch(rule) if isinstance(rule, str) else None
     if match is None:
-        raise JsonFieldsError(key, f"must be a path, or 'path op number' with op one of {OPERATORS}, got {rule!r}")
+        raise FieldsError(key, f"must be a path, or 'path op number' with op one of {OPERATORS}, got {rule!r}")
     path, op, threshold = match.groups()
     if op is None:
         return LabelRule(path)
@@ -131,5 +132,5 @@ def _label(key: str, rule: object) -> LabelRule:
     except ValueError:
         number = math.nan
     if not math.isfinite(number):
-        raise JsonFieldsError(key, f"the threshold must be a finite number, got {threshold!r}")
+        raise FieldsError(key, f"the threshold must be a finite number, got {threshold!r}")
     return LabelRule(path, op, number)

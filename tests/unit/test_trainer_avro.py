@@ -1,0 +1,126 @@
+"""Avro records in Confluent's wire format (trainer/avro.py): the same declared paths as JSON,
+each record read with its own writer schema, and a clear reason for every record it cannot read.
+The registry is a dict here; tests/integration/test_own_topics.py uses a real one."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+
+import fastavro
+import pytest
+
+from streamtrain.infra.schema_registry import RegisteredSchema
+from streamtrain.jobstate.config import JobConfig
+from streamtrain.trainer.avro import DeclaredAvro
+from streamtrain.trainer.decoders import ChunkDecoder, DecodeError, make_decoder, stable_id
+
+V1 = {"type": "record", "name": "Click", "fields": [
+    {"name": "user", "type": {"type": "record", "name": "User", "fields": [
+        {"name": "id", "type": "long"}, {"name": "country", "type": "string"}]}},
+    {"name": "tags", "type": {"type": "array", "items": "long"}},
+    {"name": "price", "type": "double"},
+    {"name": "clicked", "type": "boolean"},
+    {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+]}
+# The producer's next version drops the country and adds an optional device.
+V2 = {**V1, "fields": [
+    {"name": "user", "type": {"type": "record", "name": "User", "fields": [{"name": "id", "type": "long"}]}},
+    *V1["fields"][1:],
+    {"name": "device", "type": ["null", "string"], "default": None},
+]}
+
+JOB = '''[job]
+name = "j"
+[input]
+topics = ["t"]
+format = "avro"
+registry = "http://127.0.0.1:1/apis/ccompat/v7"
+[input.fields]
+sparse = { user = "user.id", country = "user.country", tags = "tags", device = "device" }
+dense = ["price"]
+label = "clicked"
+time = "ts"
+'''
+
+
+class Registry:
+    def __init__(self, *schemas: tuple[int, str, object]) -> None:
+        self.schemas = {i: RegisteredSchema(i, text if isinstance(text, str) else json.dumps(text), kind)
+                        for i, kind, text in schemas}
+        self.lookups: list[int] = []
+
+    def __call__(self, schema_id: int) -> RegisteredSchema | None:
+        self.lookups.append(schema_id)
+        return self.schemas.get(schema_id)
+
+
+def framed(schema_id: int, schema: dict, record: dict) -> bytes:
+    out = io.BytesIO()
+    out.write(b"\0" + schema_id.to_bytes(4, "big"))
+    fastavro.schemaless_writer(out, fastavro.parse_schema(schema), record)
+    return out.getvalue()
+
+
+WHEN = dt.datetime(2026, 11, 23, 10, 0, 0, 250000, tzinfo=dt.timezone.utc)
+R1 = {"user": {"id": 81723, "country": "de"}, "tags": [3, 9], "price": 0.42, "clicked": True, "ts": WHEN}
+R2 = {"user": {"id": 81723}, "tags": [], "price": 1.5, "clicked": False, "ts": WHEN, "device": "ios"}
+
+
+def decoder(registry: Registry) -> DeclaredAvro:
+    return DeclaredAvro(JobConfig.from_toml(JOB).input.fields, DecodeError, stable_id, registry)
+
+
+def test_records_of_two_schema_versions_become_examples_by_the_declared_paths() -> None:
+    decode = decoder(Registry((1, "AVRO", V1), (2, "AVRO", V2)))
+    first, second = decode(framed(1, V1, R1)), decode(framed(2, V2, R2))
+    assert first.sparse == {"user": (81723,), "country": (stable_id("de"),), "tags": (3, 9)}
+    assert first.dense == pytest.approx((0.42,))  # float32, as every example's
+    assert (first.label, first.event_time_ms) == (1.0, 1795428000250)
+    assert second.sparse == {"user": (81723,), "device": (stable_id("ios"),)}
+    assert (second.dense, second.label) == ((1.5,), 0.0)
+
+
+def test_each_schema_is_fetched_once_and_an_unknown_id_once() -> None:
+    registry = Registry((1, "AVRO", V1))
+    decode = decoder(registry)
+    for _ in range(3):
+        decode(framed(1, V1, R1))
+    for _ in range(2):
+        with pytest.raises(DecodeError, match="schema id 7 is not in the registry"):
+            decode(framed(7, V1, R1))
+    assert registry.lookups == [1, 7]
+
+
+@pytest.mark.parametrize("value, reason", [
+    (b'{"user": 1}', "not in Confluent's wire format"),
+    (b"\0\0\0", "not in Confluent's wire format"),
+    (framed(1, V1, R1)[:-3], "the bytes do not match schema id 1"),
+    (framed(1, V1, R1) + b"\1", "1 bytes left over after a value of schema id 1"),
+    (framed(3, V1, R1), "schema id 3 is a PROTOBUF schema, the job reads Avro"),
+    (framed(4, V1, R1), "schema id 4 does not parse"),
+    (framed(5, {"type": "long"}, 12), "schema id 5 is not a record schema"),
+])
+def test_a_record_it_cannot_read_is_bad_with_the_reason(value, reason) -> None:
+    registry = Registry((1, "AVRO", V1), (3, "PROTOBUF", 'syntax = "proto3";'), (4, "AVRO", '{"type": "nope"}'),
+                        (5, "AVRO", {"type": "long"}))
+    with pytest.raises(DecodeError, match=reason):
+        decoder(registry)(value)
+
+
+def test_a_declared_path_the_record_does_not_satisfy_is_named() -> None:
+    schema = {**V1, "fields": [f for f in V1["fields"] if f["name"] != "price"]}
+    with pytest.raises(DecodeError, match="avro field 'price' \\(dense\\): missing, and no default"):
+        decoder(Registry((1, "AVRO", schema)))(framed(1, schema, {k: v for k, v in R1.items() if k != "price"}))
+
+
+def test_a_chunk_keeps_its_good_records_and_names_the_bad_ones(monkeypatch) -> None:
+    registry = Registry((1, "AVRO", V1))
+    monkeypatch.setattr("streamtrain.trainer.decoders.registry_fetch", lambda url: registry)
+    section = JobConfig.from_toml(JOB).input
+    chunk = ChunkDecoder(section, ("country", "device", "tags", "user"), 1)
+    decoded = chunk.decode([framed(1, V1, R1), b"junk", framed(1, V1, {**R1, "clicked": False})])
+    assert decoded.columns.labels.tolist() == [1.0, 0.0]
+    assert [(i, "wire format" in reason) for i, reason in decoded.bad] == [(1, True)]
+    assert make_decoder(section)(framed(1, V1, R1)).label == 1.0
