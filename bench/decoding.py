@@ -3,9 +3,11 @@
     python -m bench.decoding [--records 200000] [--chunk 4096]
 
 The production workload of `bench.e2e` (8 fields, Zipf ids, 4 dense features, a label, an event
-time), the same records written four ways: streamtrain's Example JSON; CSV lines; a log's own
+time), the same records written five ways: streamtrain's Example JSON; CSV lines; a log's own
 nested JSON read through `input.fields` (ids as numbers); the same with the ids and the
-event time as strings (ids hashed, ISO-8601 times). Each is decoded by the trainers' own
+event time as strings (ids hashed, ISO-8601 times); the nested records as Avro in Confluent's
+wire format (`timestamp-millis` times; the writer schema handed over in process, as a
+registry lookup is once per schema). Each is decoded by the trainers' own
 `ChunkDecoder`, a chunk at a time as a loader does; every format must give the same columns as
 Example JSON (ids aside where strings are hashed). Prints one JSON report: per format, records/s
 and µs a record (the best of --rounds rounds, CPU time of this process).
@@ -15,14 +17,17 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import io
 import json
 import os
 import platform
 import time
 
+import fastavro
 import numpy as np
 
 from bench.e2e import Workload
+from streamtrain.infra.schema_registry import RegisteredSchema
 from streamtrain.jobstate.config import JobConfig
 from streamtrain.trainer.decoders import ChunkDecoder
 
@@ -48,6 +53,24 @@ def declared_records(w: Workload, strings: bool) -> tuple[list[bytes], str]:
     return out, section
 
 
+def avro_records(w: Workload, docs: list[bytes]) -> tuple[list[bytes], dict]:
+    """The nested records (ids as numbers) as Avro of one writer schema, id 1, and that schema."""
+    schema = {"type": "record", "name": "Click", "fields": [
+        {"name": "event", "type": {"type": "record", "name": "Event", "fields": [
+            {"name": f, "type": "long"} for f in w.model.fields]}},
+        {"name": "features", "type": {"type": "record", "name": "Features", "fields": [
+            {"name": f"d{j}", "type": "double"} for j in range(w.model.dense_features)]}},
+        {"name": "clicked", "type": "boolean"},
+        {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-millis"}}]}
+    parsed, out = fastavro.parse_schema(schema), []
+    for doc in map(json.loads, docs):
+        buf = io.BytesIO()
+        buf.write(b"\0\0\0\0\1")
+        fastavro.schemaless_writer(buf, parsed, doc)
+        out.append(buf.getvalue())
+    return out, schema
+
+
 def job(input_lines: str) -> JobConfig:
     return JobConfig.from_toml(f'[job]\nname = "bench"\n[input]\ntopics = ["t"]\n{input_lines}')
 
@@ -65,18 +88,21 @@ def main() -> None:
     csv_columns = ", ".join(f'"{c}"' for c in w.csv_columns())
     numbers, numbers_section = declared_records(w, strings=False)
     strings, strings_section = declared_records(w, strings=True)
+    avro, schema = avro_records(w, numbers)
+    registry = {1: RegisteredSchema(1, json.dumps(schema), "AVRO")}.get
     formats = {
         "example_json": (w.json_records(), job("")),
         "csv": (w.csv_lines(), job(f'format = "csv"\ncsv_columns = [{csv_columns}]')),
         "declared_json": (numbers, job(numbers_section)),
         "declared_json_strings": (strings, job(strings_section)),
+        "avro": (avro, job(f'format = "avro"\n{numbers_section}')),
     }
     setup_s = time.perf_counter() - started
 
     report: dict[str, dict[str, float]] = {}
     reference = None
     for name, (records, config) in formats.items():
-        decoder = ChunkDecoder(config.input, fields, dense)
+        decoder = ChunkDecoder(config.input, fields, dense, registry)
         chunks = [records[i:i + args.chunk] for i in range(0, len(records), args.chunk)]
         best = float("inf")
         for _ in range(args.rounds):

@@ -8,6 +8,10 @@ documents, so `[input.fields]` means the same for both. Each record is read with
 schema: a producer that adds an optional field or drops one changes the id, and the paths
 still find what they find (a path no longer present is missing, as in JSON).
 
+`ChunkDecoder` reads a chunk's values one by one into dicts, then converts the dicts to columns
+at once (`DeclaredFast.parse_documents`, pyarrow); a record the conversion cannot vouch for is
+decoded by `DeclaredAvro` alone, so the verdicts are the one-record decoder's.
+
 A record the job cannot read is bad, with the reason: no magic byte, an id the registry does
 not have, a schema that is not Avro or does not parse, bytes that do not match the schema. A
 registry that does not answer is not a reason to call records bad: `RegistryUnavailableError`
@@ -79,6 +83,10 @@ class DeclaredAvro(DeclaredRecord):
         self.schemas = WriterSchemas(fetch, error)
 
     def __call__(self, value: bytes | None) -> Example:
+        return self.example(self.document(value))
+
+    def document(self, value: bytes | None) -> dict:
+        """The record's value as its writer schema reads it (records as dicts)."""
         if value is None or len(value) < HEADER or value[0] != WIRE_MAGIC:
             shown = "no value" if value is None else f"{len(value)} bytes starting {bytes(value[:HEADER])!r}"
             raise self._error(f"avro: not in Confluent's wire format (a zero byte, then a 4-byte schema id), "
@@ -96,7 +104,7 @@ class DeclaredAvro(DeclaredRecord):
                               f"{schema_id}")
         if not isinstance(doc, dict):
             raise self._error(f"avro: schema id {schema_id} is not a record schema, got a {type(doc).__name__}")
-        return self.example(doc)
+        return doc
 
 
 def registry_fetch(url: str) -> Fetch:

@@ -2,7 +2,7 @@
 jobstate/fields.py, which says what each path may hold).
 
 `DeclaredJson` decodes one record and is the reference: what it accepts and the reasons it
-gives are the verdicts. `DeclaredJsonFast` reads a chunk with pyarrow's JSON reader, in C,
+gives are the verdicts (`DeclaredRecord` maps the parsed record, for Avro's too). `DeclaredFast` reads a chunk with pyarrow's JSON reader, in C,
 and converts the declared columns vectorised; strings become ids once per distinct string. A
 chunk pyarrow cannot read as one table (a value whose type changes between records, a record
 that is not an object) and every record a vectorised check refuses go to `DeclaredJson`, so
@@ -199,8 +199,9 @@ def _show(value: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-class DeclaredJsonFast:
-    """A chunk of records into the job's columns in C where they have the usual shape."""
+class DeclaredFast:
+    """A chunk of records into the job's columns in C where they have the usual shape: JSON
+    lines read by pyarrow's reader, or records already parsed into dicts (Avro's)."""
 
     def __init__(self, fields: DeclaredFields, model_fields: Sequence[str], dense_features: int, stable_id) -> None:
         self.fields = fields
@@ -224,6 +225,18 @@ class DeclaredJsonFast:
         except pa.ArrowException:
             # What pyarrow cannot read or convert (its JSON reader builds some list columns
             # that its own concatenation refuses: `[null, 0]`) the reference decides.
+            return None
+
+    def parse_documents(self, docs: Sequence[dict]) -> tuple[Columns, np.ndarray, list[int]] | None:
+        """As `parse`, for parsed records; positions are in `docs`. None: one by one."""
+        if not self.usable or not docs:
+            return None
+        try:
+            # One struct array infers every record's keys (a table from a list takes the
+            # first record's), so records of two schema versions share a chunk.
+            table = pa.Table.from_batches([pa.RecordBatch.from_struct_array(pa.array(docs))])
+            return self._convert(table, len(docs))
+        except (pa.ArrowException, OverflowError, TypeError, ValueError):
             return None
 
     def _convert(self, table: pa.Table, n: int) -> tuple[Columns, np.ndarray, list[int]] | None:

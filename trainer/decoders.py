@@ -37,8 +37,8 @@ import pyarrow.json as pj
 from streamtrain.infra.endpoints import Endpoints
 from streamtrain.jobstate.config import CsvColumn, InputSection
 from streamtrain.schemas import Example, SchemaError, StreamtrainError
-from streamtrain.trainer.avro import DeclaredAvro, registry_fetch
-from streamtrain.trainer.declared import DeclaredJson, DeclaredJsonFast, object_lines
+from streamtrain.trainer.avro import DeclaredAvro, Fetch, registry_fetch
+from streamtrain.trainer.declared import DeclaredJson, DeclaredFast, object_lines
 from streamtrain.trainer.features import Columns
 
 Decoder = Callable[[bytes], Example]
@@ -61,21 +61,24 @@ class ChunkDecoder:
     """Many records at once into the job's columns; also checks that each example fits the
     job (its dense width, a label in [0, 1])."""
 
-    def __init__(self, section: InputSection, fields: Sequence[str], dense_features: int) -> None:
+    def __init__(self, section: InputSection, fields: Sequence[str], dense_features: int,
+                 registry: Fetch | None = None) -> None:
         self.fields = tuple(fields)
         self.dense_features = dense_features
-        self._one = make_decoder(section)
+        self._avro = _avro_decoder(section, registry) if section.format == "avro" else None
+        self._one = _guarded(self._avro) if self._avro is not None else make_decoder(section, registry)
         example_json = section.format == "json" and section.fields is None
         self._fast = _JsonFast() if example_json else None
         self._arrow = _JsonArrow(self.fields, dense_features) if example_json else None
         self._csv = _CsvFast(section.csv_columns, self.fields, dense_features) if section.format == "csv" else None
-        declared_json = section.format == "json" and section.fields is not None
-        self._declared = DeclaredJsonFast(section.fields, self.fields, dense_features, stable_id) \
-            if declared_json else None
+        self._declared = DeclaredFast(section.fields, self.fields, dense_features, stable_id) \
+            if section.fields is not None else None
 
     def decode(self, values: Sequence[bytes | None]) -> Decoded:
         if self._csv is not None:
             return self._merge(values, *self._csv.parse(values))
+        if self._avro is not None:
+            return self._documents(values)
         if self._declared is not None:
             parsed = self._declared.parse(values)
             return self._merge(values, *parsed) if parsed is not None else Decoded(*self._one_by_one(values))
@@ -101,6 +104,25 @@ class ChunkDecoder:
             # An id beyond 64 bits that the fast parser let through: judge its chunk one by one.
             return Decoded(*self._one_by_one(values))
         return Decoded(columns, bad)
+
+    def _documents(self, values: Sequence[bytes | None]) -> Decoded:
+        """Avro: each value read into a dict (or judged bad), the dicts converted at once."""
+        assert self._avro is not None and self._declared is not None
+        docs, at, bad = [], [], []
+        for i, value in enumerate(values):
+            try:
+                # A tombstone is judged as one by one judges it.
+                docs.append(self._avro.document(value) if value is not None else self._one(value))
+                at.append(i)
+            except DecodeError as exc:
+                bad.append((i, str(exc)))
+        parsed = self._declared.parse_documents(docs)
+        if parsed is None:
+            return Decoded(*self._one_by_one(values))
+        fast, fast_at, slow = parsed
+        positions = np.array(at, dtype=np.int64)
+        decoded = self._merge(values, fast, positions[fast_at], [at[i] for i in slow])
+        return Decoded(decoded.columns, sorted(decoded.bad + bad))
 
     def _merge(self, values: Sequence[bytes | None], fast: Columns, at: np.ndarray, slow: list[int]) -> Decoded:
         """The records a fast path decoded, with the others decoded one by one."""
@@ -429,7 +451,9 @@ def _empty_columns(fields: int, dense_features: int) -> Columns:
                    np.zeros(0, dtype=np.int64))
 
 
-def make_decoder(section: InputSection) -> Decoder:
+def make_decoder(section: InputSection, registry: Fetch | None = None) -> Decoder:
+    """The one-record decoder of `section`; with Avro, `registry` looks schemas up by id (by
+    default over HTTP at `input.registry`, or the local registry)."""
     if section.format == "json" and section.fields is not None:
         return _guarded(DeclaredJson(section.fields, DecodeError, stable_id))
     if section.format == "json":
@@ -439,13 +463,17 @@ def make_decoder(section: InputSection) -> Decoder:
     if section.format == "csv":
         return _guarded(CsvDecoder(section.csv_columns))
     if section.format == "avro":
-        assert section.fields is not None, "the config requires [input.fields] with avro"
-        url = section.registry or Endpoints.resolve().registry
-        return _guarded(DeclaredAvro(section.fields, DecodeError, stable_id, registry_fetch(url)))
+        return _guarded(_avro_decoder(section, registry))
     # Whatever a user's decoder raises on a record (struct.error, its own exceptions) makes
     # that record bad, not the trainer: a task that stopped every trainer that retried it
     # would stop training. A bug in the built-ins, though, should surface.
     return _guarded(_user_decoder(section.format), user=True)
+
+
+def _avro_decoder(section: InputSection, registry: Fetch | None) -> DeclaredAvro:
+    assert section.fields is not None, "the config requires [input.fields] with avro"
+    fetch = registry or registry_fetch(section.registry or Endpoints.resolve().registry)
+    return DeclaredAvro(section.fields, DecodeError, stable_id, fetch)
 
 
 def _guarded(decode: Callable[[bytes], Example], user: bool = False) -> Decoder:

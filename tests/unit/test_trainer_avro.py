@@ -10,11 +10,14 @@ import json
 
 import fastavro
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streamtrain.infra.schema_registry import RegisteredSchema
 from streamtrain.jobstate.config import JobConfig
 from streamtrain.trainer.avro import DeclaredAvro
 from streamtrain.trainer.decoders import ChunkDecoder, DecodeError, make_decoder, stable_id
+from test_trainer_parts import assert_chunk_decodes_as_one_by_one
 
 V1 = {"type": "record", "name": "Click", "fields": [
     {"name": "user", "type": {"type": "record", "name": "User", "fields": [
@@ -115,12 +118,32 @@ def test_a_declared_path_the_record_does_not_satisfy_is_named() -> None:
         decoder(Registry((1, "AVRO", schema)))(framed(1, schema, {k: v for k, v in R1.items() if k != "price"}))
 
 
-def test_a_chunk_keeps_its_good_records_and_names_the_bad_ones(monkeypatch) -> None:
+def test_a_chunk_keeps_its_good_records_and_names_the_bad_ones() -> None:
     registry = Registry((1, "AVRO", V1))
-    monkeypatch.setattr("streamtrain.trainer.decoders.registry_fetch", lambda url: registry)
     section = JobConfig.from_toml(JOB).input
-    chunk = ChunkDecoder(section, ("country", "device", "tags", "user"), 1)
+    chunk = ChunkDecoder(section, ("country", "device", "tags", "user"), 1, registry)
     decoded = chunk.decode([framed(1, V1, R1), b"junk", framed(1, V1, {**R1, "clicked": False})])
     assert decoded.columns.labels.tolist() == [1.0, 0.0]
     assert [(i, "wire format" in reason) for i, reason in decoded.bad] == [(1, True)]
-    assert make_decoder(section)(framed(1, V1, R1)).label == 1.0
+    assert make_decoder(section, registry)(framed(1, V1, R1)).label == 1.0
+
+
+_longs = st.integers(-5, 2**63 - 1)
+_v1 = st.fixed_dictionaries({
+    "user": st.fixed_dictionaries({"id": _longs, "country": st.sampled_from(["de", "fr", ""])}),
+    "tags": st.lists(_longs, max_size=3), "price": st.floats(allow_nan=True, allow_infinity=True),
+    "clicked": st.booleans(), "ts": st.integers(0, 2**41).map(lambda ms: WHEN + dt.timedelta(milliseconds=ms))})
+_v2 = _v1.map(lambda r: {**r, "user": {"id": r["user"]["id"]}}).flatmap(
+    lambda r: st.sampled_from([None, "ios", "web"]).map(lambda d: {**r, "device": d}))
+_values = st.lists(st.one_of(
+    _v1.map(lambda r: framed(1, V1, r)), _v2.map(lambda r: framed(2, V2, r)),
+    st.sampled_from([None, b"", b"\0\0\0\0\7xyz", b"\1\0\0\0\1"]),
+    _v1.map(lambda r: framed(1, V1, r)[:-2])), max_size=30)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_values)
+def test_chunks_of_two_schema_versions_decode_as_one_by_one_does(values) -> None:
+    registry = Registry((1, "AVRO", V1), (2, "AVRO", V2))
+    assert_chunk_decodes_as_one_by_one(JobConfig.from_toml(JOB).input, ("country", "device", "tags", "user"),
+                                       values, dense=1, registry=registry)

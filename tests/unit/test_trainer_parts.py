@@ -264,9 +264,10 @@ def test_a_whole_json_chunk_is_decoded_by_columns(monkeypatch) -> None:
     assert decoded.columns.dense[3].tolist() == [0.5, -3.0] and decoded.columns.event_time_ms[-1] == 299
 
 
-def assert_chunk_decodes_as_one_by_one(section, fields: tuple[str, ...], values: list, dense: int = 2) -> None:
+def assert_chunk_decodes_as_one_by_one(section, fields: tuple[str, ...], values: list, dense: int = 2,
+                                       registry=None) -> None:
     """The same records accepted, into the same columns, and the same refused for the same reasons."""
-    decoder, one = ChunkDecoder(section, fields, dense), make_decoder(section)
+    decoder, one = ChunkDecoder(section, fields, dense, registry), make_decoder(section, registry)
     accepted, reasons = [], {}
     for i, value in enumerate(values):
         try:
