@@ -3,11 +3,11 @@
     python -m bench.decoding [--records 200000] [--chunk 4096]
 
 The production workload of `bench.e2e` (8 fields, Zipf ids, 4 dense features, a label, an event
-time), the same records written five ways: streamtrain's Example JSON; CSV lines; a log's own
+time), the same records written six ways: streamtrain's Example JSON; CSV lines; a log's own
 nested JSON read through `input.fields` (ids as numbers); the same with the ids and the
-event time as strings (ids hashed, ISO-8601 times); the nested records as Avro in Confluent's
-wire format (`timestamp-millis` times; the writer schema handed over in process, as a
-registry lookup is once per schema). Each is decoded by the trainers' own
+event time as strings (ids hashed, ISO-8601 times); the nested records as Avro and as Protobuf
+in Confluent's wire format (`timestamp-millis` and `google.protobuf.Timestamp` times; the
+writer schema handed over in process, as a registry lookup is once per schema). Each is decoded by the trainers' own
 `ChunkDecoder`, a chunk at a time as a loader does; every format must give the same columns as
 Example JSON (ids aside where strings are hashed). Prints one JSON report: per format, records/s
 and µs a record (the best of --rounds rounds, CPU time of this process).
@@ -25,11 +25,13 @@ import time
 
 import fastavro
 import numpy as np
+from google.protobuf import message_factory
 
 from bench.e2e import Workload
 from streamtrain.infra.schema_registry import RegisteredSchema
 from streamtrain.jobstate.config import JobConfig
 from streamtrain.trainer.decoders import ChunkDecoder
+from streamtrain.trainer.registered import compile_proto
 
 
 def declared_records(w: Workload, strings: bool) -> tuple[list[bytes], str]:
@@ -71,6 +73,28 @@ def avro_records(w: Workload, docs: list[bytes]) -> tuple[list[bytes], dict]:
     return out, schema
 
 
+def protobuf_records(w: Workload, docs: list[bytes]) -> tuple[list[bytes], str]:
+    """The nested records (ids as numbers) as Protobuf of one `.proto` file, id 2, and that file."""
+    event = " ".join(f"int64 {f} = {i};" for i, f in enumerate(w.model.fields, 1))
+    features = " ".join(f"double d{j} = {j + 1};" for j in range(w.model.dense_features))
+    text = f"""syntax = "proto3";
+import "google/protobuf/timestamp.proto";
+message Click {{
+  message Event {{ {event} }}
+  message Features {{ {features} }}
+  Event event = 1; Features features = 2; bool clicked = 3; google.protobuf.Timestamp ts = 4;
+}}
+"""
+    cls = message_factory.GetMessageClass(compile_proto(text)[0])
+    out = []
+    for doc in map(json.loads, docs):
+        ts = doc.pop("ts")
+        message = cls(**doc)
+        message.ts.FromMilliseconds(ts)
+        out.append(b"\0\0\0\0\2\0" + message.SerializeToString())
+    return out, text
+
+
 def job(input_lines: str) -> JobConfig:
     return JobConfig.from_toml(f'[job]\nname = "bench"\n[input]\ntopics = ["t"]\n{input_lines}')
 
@@ -89,13 +113,15 @@ def main() -> None:
     numbers, numbers_section = declared_records(w, strings=False)
     strings, strings_section = declared_records(w, strings=True)
     avro, schema = avro_records(w, numbers)
-    registry = {1: RegisteredSchema(1, json.dumps(schema), "AVRO")}.get
+    protobuf, proto = protobuf_records(w, numbers)
+    registry = {1: RegisteredSchema(1, json.dumps(schema), "AVRO"), 2: RegisteredSchema(2, proto, "PROTOBUF")}.get
     formats = {
         "example_json": (w.json_records(), job("")),
         "csv": (w.csv_lines(), job(f'format = "csv"\ncsv_columns = [{csv_columns}]')),
         "declared_json": (numbers, job(numbers_section)),
         "declared_json_strings": (strings, job(strings_section)),
         "avro": (avro, job(f'format = "avro"\n{numbers_section}')),
+        "protobuf": (protobuf, job(f'format = "protobuf"\n{numbers_section}')),
     }
     setup_s = time.perf_counter() - started
 

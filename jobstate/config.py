@@ -45,6 +45,7 @@ _REF = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w
 _URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S.*")
 _CSV_NAME = re.compile(r"[^\s:]+")
 _URL = re.compile(r"https?://[^\s/]+(?:/\S*)?")
+_REGISTERED = ("avro", "protobuf")  # formats whose writer schemas a registry holds
 _CSV_KINDS = ("label", "dense", "sparse", "time", "ignore")
 # TOML integers are signed 64-bit; JSON's are not, and from_json must accept exactly what TOML can.
 _I64_MAX = 2**63 - 1
@@ -250,12 +251,13 @@ class InputSection:
 
     Attributes:
         topics: the Kafka topics to read (required, non-empty, no duplicates).
-        format: record decoding: ``json``, ``binary``, ``csv``, ``avro`` or a ``"module:callable"``.
+        format: record decoding: ``json``, ``binary``, ``csv``, ``avro``, ``protobuf`` or a
+            ``"module:callable"``.
         csv_columns: the CSV columns in file order; non-empty exactly when format is ``csv``.
         fields: the paths of a log's own records the model trains on (``[input.fields]``,
             jobstate/fields.py): with ``json``, None means the records are streamtrain's Example
-            documents; ``avro`` requires it.
-        registry: with ``avro``, the URL of Confluent's REST API on the schema registry that
+            documents; ``avro`` and ``protobuf`` require it.
+        registry: with ``avro`` or ``protobuf``, the URL of Confluent's REST API on the schema registry that
             holds the records' writer schemas; empty: the local one (`streamtrain up --registry`,
             or ``STREAMTRAIN_REGISTRY``).
         passes: 0 = online input, follow the live stream forever; N >= 1 = bounded input, the
@@ -274,22 +276,24 @@ class InputSection:
 
     def __post_init__(self) -> None:
         _fix(self, topics=_topics("input.topics", self.topics))
-        fmt = _choice("input.format", self.format, ("json", "binary", "csv", "avro"), ref=True)
+        fmt = _choice("input.format", self.format, ("json", "binary", "csv", "avro", "protobuf"), ref=True)
         _fix(self, csv_columns=_csv_columns("input.csv_columns", self.csv_columns, fmt))
-        if fmt == "avro" and self.fields is None:
-            raise JobConfigError("input.fields", "is required when input.format = 'avro': the paths of the "
+        if fmt in _REGISTERED and self.fields is None:
+            raise JobConfigError("input.fields", f"is required when input.format = {fmt!r}: the paths of the "
                                  "records' fields the model trains on (docs/your-topic.md)")
         if self.fields is not None:
-            if fmt not in ("json", "avro"):
-                raise JobConfigError("input.fields", f"only applies when input.format is 'json' or 'avro' (it is {fmt!r})")
+            if fmt not in ("json", *_REGISTERED):
+                raise JobConfigError("input.fields", f"only applies when input.format is 'json', 'avro' or "
+                                     f"'protobuf' (it is {fmt!r})")
             try:
                 _fix(self, fields=parse_fields("input.fields", self.fields))
             except FieldsError as exc:
                 raise JobConfigError(exc.key, exc.reason) from None
         if not isinstance(self.registry, str) or (self.registry and not _URL.fullmatch(self.registry)):
             raise JobConfigError("input.registry", f"must be an http(s) URL, got {_show(self.registry)}")
-        if self.registry and fmt != "avro":
-            raise JobConfigError("input.registry", f"only applies when input.format = 'avro' (it is {fmt!r}); remove it")
+        if self.registry and fmt not in _REGISTERED:
+            raise JobConfigError("input.registry", f"only applies when input.format is 'avro' or 'protobuf' (it is "
+                                 f"{fmt!r}); remove it")
         passes = _int("input.passes", self.passes, 0)
         start_from = _choice("input.start_from", self.start_from, ("earliest", "latest"))
         # Bounded input is "the records up to the end offsets snapshotted at start": starting

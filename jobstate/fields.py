@@ -1,9 +1,9 @@
-"""`[input.fields]`: which fields of a log's own records (JSON or Avro) the model trains on, by path.
+"""`[input.fields]`: which fields of a log's own records (JSON, Avro, Protobuf) the model trains on, by path.
 
 A production log is not written for us: its records are the service's own documents, nested,
 with ids as numbers or strings, optional fields and booleans for labels. The job file names,
 for each thing the model needs, where it is in a record (`user.id`: key `id` of the object, or
-Avro record, under `user`); trainer/declared.py and trainer/avro.py decode by it. What a path
+Avro record, under `user`); trainer/declared.py and trainer/registered.py decode by it. What a path
 may hold:
 
 | declared | a record's value there |

@@ -2,8 +2,8 @@
 
 Built-ins: `json` and `binary` (the schemas/ formats, or with `json` a log's own documents by
 the paths of `input.fields`), `csv` (one line per record, columns declared by
-`input.csv_columns`) and `avro` (Confluent's wire format, schemas from a registry,
-trainer/avro.py); anything else is a user's "module:callable" taking the
+`input.csv_columns`), `avro` and `protobuf` (Confluent's wire format, schemas from a registry,
+trainer/registered.py); anything else is a user's "module:callable" taking the
 record's value bytes and returning an Example. Every failure is a `DecodeError` with a reason
 a person can act on; the trainer dead-letters the record and goes on.
 
@@ -37,7 +37,7 @@ import pyarrow.json as pj
 from streamtrain.infra.endpoints import Endpoints
 from streamtrain.jobstate.config import CsvColumn, InputSection
 from streamtrain.schemas import Example, SchemaError, StreamtrainError
-from streamtrain.trainer.avro import DeclaredAvro, Fetch, registry_fetch
+from streamtrain.trainer.registered import DeclaredAvro, DeclaredProtobuf, Fetch, registry_fetch
 from streamtrain.trainer.declared import DeclaredJson, DeclaredFast, object_lines
 from streamtrain.trainer.features import Columns
 
@@ -65,8 +65,8 @@ class ChunkDecoder:
                  registry: Fetch | None = None) -> None:
         self.fields = tuple(fields)
         self.dense_features = dense_features
-        self._avro = _avro_decoder(section, registry) if section.format == "avro" else None
-        self._one = _guarded(self._avro) if self._avro is not None else make_decoder(section, registry)
+        self._framed = _framed_decoder(section, registry) if section.format in _FRAMED else None
+        self._one = _guarded(self._framed) if self._framed is not None else make_decoder(section, registry)
         example_json = section.format == "json" and section.fields is None
         self._fast = _JsonFast() if example_json else None
         self._arrow = _JsonArrow(self.fields, dense_features) if example_json else None
@@ -77,7 +77,7 @@ class ChunkDecoder:
     def decode(self, values: Sequence[bytes | None]) -> Decoded:
         if self._csv is not None:
             return self._merge(values, *self._csv.parse(values))
-        if self._avro is not None:
+        if self._framed is not None:
             return self._documents(values)
         if self._declared is not None:
             parsed = self._declared.parse(values)
@@ -106,13 +106,13 @@ class ChunkDecoder:
         return Decoded(columns, bad)
 
     def _documents(self, values: Sequence[bytes | None]) -> Decoded:
-        """Avro: each value read into a dict (or judged bad), the dicts converted at once."""
-        assert self._avro is not None and self._declared is not None
+        """Avro, Protobuf: each value read into a dict (or judged bad), the dicts converted at once."""
+        assert self._framed is not None and self._declared is not None
         docs, at, bad = [], [], []
         for i, value in enumerate(values):
             try:
                 # A tombstone is judged as one by one judges it.
-                docs.append(self._avro.document(value) if value is not None else self._one(value))
+                docs.append(self._framed.document(value) if value is not None else self._one(value))
                 at.append(i)
             except DecodeError as exc:
                 bad.append((i, str(exc)))
@@ -462,18 +462,21 @@ def make_decoder(section: InputSection, registry: Fetch | None = None) -> Decode
         return _guarded(Example.from_bytes)
     if section.format == "csv":
         return _guarded(CsvDecoder(section.csv_columns))
-    if section.format == "avro":
-        return _guarded(_avro_decoder(section, registry))
+    if section.format in _FRAMED:
+        return _guarded(_framed_decoder(section, registry))
     # Whatever a user's decoder raises on a record (struct.error, its own exceptions) makes
     # that record bad, not the trainer: a task that stopped every trainer that retried it
     # would stop training. A bug in the built-ins, though, should surface.
     return _guarded(_user_decoder(section.format), user=True)
 
 
-def _avro_decoder(section: InputSection, registry: Fetch | None) -> DeclaredAvro:
-    assert section.fields is not None, "the config requires [input.fields] with avro"
+_FRAMED = {"avro": DeclaredAvro, "protobuf": DeclaredProtobuf}
+
+
+def _framed_decoder(section: InputSection, registry: Fetch | None) -> DeclaredAvro | DeclaredProtobuf:
+    assert section.fields is not None, f"the config requires [input.fields] with {section.format}"
     fetch = registry or registry_fetch(section.registry or Endpoints.resolve().registry)
-    return DeclaredAvro(section.fields, DecodeError, stable_id, fetch)
+    return _FRAMED[section.format](section.fields, DecodeError, stable_id, fetch)
 
 
 def _guarded(decode: Callable[[bytes], Example], user: bool = False) -> Decoder:

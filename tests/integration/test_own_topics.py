@@ -1,7 +1,7 @@
 """A job pointed at topics not written for streamtrain (issue 15): the same click log as a
-service's nested JSON, as a CSV export with columns the model must not see, and as Avro records
-whose schema, held by a real registry, changes mid-stream, trains as well as the same records
-in Example JSON, and `streamtrain job check` reads each as the trainers do."""
+service's nested JSON, as a CSV export with columns the model must not see, and as Avro and as
+Protobuf records whose schema, held by a real registry, changes mid-stream, trains as well as
+the same records in Example JSON, and `streamtrain job check` reads each as the trainers do."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ import uuid
 
 import fastavro
 import pytest
+from google.protobuf import message_factory
 
 from conftest import write_job_file
 from streamtrain.infra import Ports
 from streamtrain.infra.clients import TopicSpec, ensure_topics, redis_client
 from streamtrain.infra.schema_registry import RegistryUnavailableError, fetch_schema
+from streamtrain.trainer.registered import compile_proto
 from test_cli_jobs import streamtrain
 from test_trainer import MODEL, distributed_and_single_auc, make_job, write_examples
 
@@ -59,8 +61,31 @@ def avro_schema(version: int) -> dict:
     return {"type": "record", "name": "Click", "namespace": "shop", "fields": fields}
 
 
-def register(registry: str, subject: str, schema: dict) -> int:
-    body = json.dumps({"schema": json.dumps(schema)}).encode()
+def proto_schema(version: int) -> str:
+    """The click log as a .proto file: version 2 drops `request` and adds an optional `device`."""
+    ids = " ".join(f"repeated int64 {f} = {i};" for i, f in enumerate(FIELDS, 1))
+    features = " ".join(f"double d{j} = {j + 1};" for j in range(MODEL.dense_features))
+    request = "string request = 2;" if version == 1 else ""
+    device = "optional string device = 5;" if version == 2 else ""
+    return f"""syntax = "proto3";
+package shop;
+import "google/protobuf/timestamp.proto";
+message Click {{
+  message Ids {{ {ids} }}
+  message Event {{ Ids ids = 1; {request} }}
+  message Features {{ {features} }}
+  Event event = 1;
+  Features features = 2;
+  bool clicked = 3;
+  google.protobuf.Timestamp ts = 4;
+  {device}
+}}
+"""
+
+
+def register(registry: str, subject: str, schema: dict | str) -> int:
+    kind = {"schemaType": "PROTOBUF"} if isinstance(schema, str) else {}
+    body = json.dumps({"schema": schema if isinstance(schema, str) else json.dumps(schema), **kind}).encode()
     request = urllib.request.Request(f"{registry}/subjects/{subject}/versions", body,
                                      {"Content-Type": "application/vnd.schemaregistry.v1+json"})
     with urllib.request.urlopen(request, timeout=10) as reply:
@@ -84,6 +109,21 @@ def avro_records(registry: str, topic: str) -> list[bytes]:
     return out
 
 
+def protobuf_records(registry: str, topic: str) -> list[bytes]:
+    """The records in Confluent's wire format, the second half under the schema's next version."""
+    ids = {v: register(registry, f"{topic}-value", proto_schema(v)) for v in (1, 2)}
+    classes = {v: message_factory.GetMessageClass(compile_proto(proto_schema(v))[0]) for v in (1, 2)}
+    out = []
+    for i, e in enumerate(TRAIN):
+        version = 1 if i < len(TRAIN) // 2 else 2
+        event = {"ids": {f: list(e.sparse.get(f, ())) for f in FIELDS}, **({"request": f"r-{i}"} if version == 1 else {})}
+        record = classes[version](event=event, features={f"d{j}": x for j, x in enumerate(e.dense)},
+                                  clicked=e.label > 0.5, **({"device": "ios"} if version == 2 else {}))
+        record.ts.FromMilliseconds(e.event_time_ms)
+        out.append(b"\0" + ids[version].to_bytes(4, "big") + b"\0" + record.SerializeToString())
+    return out
+
+
 FORMATS = {
     "example": ([e.to_json() for e in TRAIN], {}),
     "nested": ([nested(e) for e in TRAIN], {"fields": {
@@ -97,6 +137,10 @@ FORMATS = {
         "sparse": {f: f"event.ids.{f}" for f in FIELDS},
         "dense": [f"features.d{j}" for j in range(MODEL.dense_features)],
         "label": "clicked", "time": "ts"}}),
+    "protobuf": (protobuf_records, {"format": "protobuf", "fields": {
+        "sparse": {f: f"event.ids.{f}" for f in FIELDS},
+        "dense": [f"features.d{j}" for j in range(MODEL.dense_features)],
+        "label": "clicked", "time": "ts"}}),
 }
 
 
@@ -107,7 +151,7 @@ def aucs(services, registry, tmp_path_factory) -> dict[str, float]:
     for name, (values, input_section) in FORMATS.items():
         topic = f"own-{name}-{uuid.uuid4().hex[:10]}"
         ensure_topics(services, [TopicSpec(topic, 2)])
-        if name == "avro":
+        if name in ("avro", "protobuf"):
             values, input_section = values(registry, topic), {**input_section, "registry": registry}
         counts = write_examples(services, topic, values, 2)
         config = make_job(f"{topic}-job", topic, tmp_path_factory.mktemp(name), sgd="sync")
@@ -124,7 +168,7 @@ def aucs(services, registry, tmp_path_factory) -> dict[str, float]:
     return out
 
 
-@pytest.mark.parametrize("name", ["nested", "csv", "avro"])
+@pytest.mark.parametrize("name", ["nested", "csv", "avro", "protobuf"])
 def test_a_log_of_its_own_form_trains_as_well_as_example_json(aucs, name) -> None:
     assert aucs["example"] > 0.72
     assert abs(aucs[name] - aucs["example"]) < 0.005, aucs

@@ -263,7 +263,7 @@ BAD_VALUES = [
     ("input", "topics", ["ctr.grad.0"], "input.topics[0]", "the job's own topics"),
     ("input", "topics", ["ctr.dlq"], "input.topics[0]", "the job's own topics"),
     ("input", "topics", ["ctr.metrics"], "input.topics[0]", "the job's own topics"),
-    ("input", "format", "xml", "input.format", "json, binary, csv, avro or a 'module.path:callable'"),
+    ("input", "format", "xml", "input.format", "json, binary, csv, avro, protobuf or a 'module.path:callable'"),
     ("input", "format", "module:", "input.format", "got 'module:'"),
     ("input", "format", "a b:c", "input.format", "got 'a b:c'"),
     ("input", "csv_columns", ["y:label"], "input.csv_columns", "only applies when input.format = 'csv'"),

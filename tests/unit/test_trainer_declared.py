@@ -151,7 +151,7 @@ def test_a_bad_declaration_is_refused_naming_the_key(table, key, reason) -> None
 def test_declared_fields_need_the_json_or_avro_format() -> None:
     from streamtrain.jobstate.config import JobConfigError
 
-    with pytest.raises(JobConfigError, match="only applies when input.format is 'json' or 'avro'"):
+    with pytest.raises(JobConfigError, match="only applies when input.format is 'json', 'avro' or 'protobuf'"):
         JobConfig.from_toml('[job]\nname = "j"\n[input]\ntopics = ["t"]\nformat = "binary"\n'
                             '[input.fields]\ndense = ["a"]\nlabel = "y"')
 

@@ -1,21 +1,24 @@
-"""Avro records in Confluent's wire format (trainer/avro.py): the same declared paths as JSON,
-each record read with its own writer schema, and a clear reason for every record it cannot read.
-The registry is a dict here; tests/integration/test_own_topics.py uses a real one."""
+"""Avro and Protobuf records in Confluent's wire format (trainer/registered.py): the same
+declared paths as JSON, each record read with its own writer schema, and a clear reason for
+every record it cannot read. The registry is a dict here; tests/integration/test_own_topics.py
+uses a real one."""
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import io
 import json
 
 import fastavro
 import pytest
+from google.protobuf import message_factory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamtrain.infra.schema_registry import RegisteredSchema
+from streamtrain.infra.schema_registry import RegisteredSchema, RegistryUnavailableError
 from streamtrain.jobstate.config import JobConfig
-from streamtrain.trainer.avro import DeclaredAvro
+from streamtrain.trainer.registered import DeclaredAvro, DeclaredProtobuf, compile_proto
 from streamtrain.trainer.decoders import ChunkDecoder, DecodeError, make_decoder, stable_id
 from test_trainer_parts import assert_chunk_decodes_as_one_by_one
 
@@ -147,3 +150,101 @@ def test_chunks_of_two_schema_versions_decode_as_one_by_one_does(values) -> None
     registry = Registry((1, "AVRO", V1), (2, "AVRO", V2))
     assert_chunk_decodes_as_one_by_one(JobConfig.from_toml(JOB).input, ("country", "device", "tags", "user"),
                                        values, dense=1, registry=registry)
+
+
+# ---------------------------------------------------------------------------------- Protobuf
+P1 = """syntax = "proto3";
+package shop;
+import "google/protobuf/timestamp.proto";
+message Click {
+  message User { int64 id = 1; string country = 2; }
+  User user = 1;
+  repeated int64 tags = 2;
+  double price = 3;
+  bool clicked = 4;
+  google.protobuf.Timestamp ts = 5;
+}
+message Other { int64 x = 1; }
+"""
+# The next version drops the country and adds an optional device (an enum).
+P2 = P1.replace("int64 id = 1; string country = 2;", "int64 id = 1;").replace(
+    "  google.protobuf.Timestamp ts = 5;\n", "  google.protobuf.Timestamp ts = 5;\n"
+    "  enum Device { UNKNOWN = 0; IOS = 1; }\n  optional Device device = 6;\n")
+PROTO_JOB = JOB.replace('format = "avro"', 'format = "protobuf"')
+
+
+@functools.cache
+def message_class(text: str):
+    return message_factory.GetMessageClass(compile_proto(text)[0])
+
+
+def message(text: str, **values):
+    cls = message_class(text)
+    ts = values.pop("ts", None)
+    out = cls(**values)
+    if ts is not None:
+        out.ts.FromDatetime(ts)
+    return out
+
+
+def proto_framed(schema_id: int, msg, indexes: bytes = b"\0") -> bytes:
+    return b"\0" + schema_id.to_bytes(4, "big") + indexes + msg.SerializeToString()
+
+
+def proto_decoder(registry: Registry) -> DeclaredProtobuf:
+    return DeclaredProtobuf(JobConfig.from_toml(PROTO_JOB).input.fields, DecodeError, stable_id, registry)
+
+
+def test_protobuf_records_of_two_schema_versions_become_examples_by_the_declared_paths() -> None:
+    decode = proto_decoder(Registry((1, "PROTOBUF", P1), (2, "PROTOBUF", P2)))
+    first = decode(proto_framed(1, message(P1, user={"id": 81723, "country": "de"}, tags=[3, 9], price=0.42,
+                                           clicked=True, ts=WHEN)))
+    assert first.sparse == {"user": (81723,), "country": (stable_id("de"),), "tags": (3, 9)}
+    assert first.dense == pytest.approx((0.42,))
+    assert (first.label, first.event_time_ms) == (1.0, 1795428000250)
+    # proto3's defaults are values: an unset `clicked` is false and an unset price 0, not missing;
+    # an optional field set is there, named by its enum value.
+    second = decode(proto_framed(2, message(P2, user={"id": 5}, ts=WHEN, device=1)))
+    assert second.sparse == {"user": (5,), "device": (stable_id("IOS"),)}
+    assert (second.dense, second.label) == ((0.0,), 0.0)
+
+
+def test_protobuf_message_indexes_pick_the_message() -> None:
+    decode = proto_decoder(Registry((1, "PROTOBUF", P1)))
+    with pytest.raises(DecodeError, match="protobuf field 'price' \\(dense\\): missing"):
+        # indexes [1] (count 1, index 1, zigzag: 2 2) name `Other`, which has no price
+        decode(proto_framed(1, message(P1, clicked=True), indexes=b"\2\2"))
+    with pytest.raises(DecodeError, match="has no message at indexes \\[5\\]"):
+        decode(proto_framed(1, message(P1), indexes=b"\2\12"))
+
+
+@pytest.mark.parametrize("value, reason", [
+    (b"\1\0\0\0\1\0", "protobuf: not in Confluent's wire format"),
+    (b"\0\0\0\0\1\0\x0a\xff", "protobuf: the bytes do not match shop.Click of schema id 1"),
+    (b"\0\0\0\0\1\x82", "the message indexes after schema id 1 are cut off"),
+    (b"\0\0\0\0\2\0", "schema id 2 is a AVRO schema, the job reads Protobuf"),
+    (b"\0\0\0\0\3\0", "schema id 3 does not parse: .*Expected"),
+])
+def test_a_protobuf_record_it_cannot_read_is_bad_with_the_reason(value, reason) -> None:
+    registry = Registry((1, "PROTOBUF", P1), (2, "AVRO", V1), (3, "PROTOBUF", "syntax = \"proto3\"; message {"))
+    with pytest.raises(DecodeError, match=reason):
+        proto_decoder(registry)(value)
+
+
+def test_protobuf_chunks_decode_as_one_by_one_does() -> None:
+    registry = Registry((1, "PROTOBUF", P1), (2, "PROTOBUF", P2))
+    values = [proto_framed(1, message(P1, user={"id": i, "country": "fr"}, tags=[i, 2 * i], price=i / 3,
+                                      clicked=i % 2 == 0, ts=WHEN)) for i in range(20)]
+    values += [proto_framed(2, message(P2, user={"id": 7}, ts=WHEN, device=i % 2)) for i in range(5)]
+    values += [None, b"junk", proto_framed(1, message(P1))[:-1] + b"\xff"]
+    assert_chunk_decodes_as_one_by_one(JobConfig.from_toml(PROTO_JOB).input, ("country", "device", "tags", "user"),
+                                       values, dense=1, registry=registry)
+
+
+def test_a_registry_that_does_not_answer_judges_no_record() -> None:
+    def away(schema_id: int):
+        raise RegistryUnavailableError(f"schema registry http://r: schema id {schema_id}: connection refused")
+
+    chunk = ChunkDecoder(JobConfig.from_toml(JOB).input, ("country", "device", "tags", "user"), 1, away)
+    with pytest.raises(RegistryUnavailableError):  # the trainer gives the task back (trainer/worker.py)
+        chunk.decode([framed(1, V1, R1)])
