@@ -176,3 +176,15 @@ class ServerProcess(ABC):
             return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
         except FileNotFoundError:
             return "(no log)"
+
+
+class OnePortServer(ServerProcess):
+    """A server that listens on one port."""
+
+    def __init__(self, data_dir: Path, port: int) -> None:
+        super().__init__(data_dir)
+        self.port = port
+
+    @property
+    def ports(self) -> tuple[int, ...]:
+        return (self.port,)

@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from streamtrain.infra.process import ServerProcess, require
+from streamtrain.infra.process import OnePortServer, require
 
 _INSTALL = "apt-get install -y redis-server"
 
 
-class RedisServer(ServerProcess):
+class RedisServer(OnePortServer):
     name = "redis"
-
-    def __init__(self, data_dir: Path, port: int) -> None:
-        super().__init__(data_dir)
-        self.port = port
-
-    @property
-    def ports(self) -> tuple[int, ...]:
-        return (self.port,)
 
     @property
     def address(self) -> str:

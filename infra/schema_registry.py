@@ -23,7 +23,7 @@ from pathlib import Path
 
 from streamtrain.infra.errors import InfraError, ServiceStartError
 from streamtrain.infra.kafka_broker import _INSTALL_JAVA, _INSTALL_MAVEN, cache_root
-from streamtrain.infra.process import ServerProcess, require
+from streamtrain.infra.process import OnePortServer, require
 
 APICURIO = "io.apicurio:apicurio-registry-app:2.6.13.Final:tar.gz:all"
 RUNNER = "apicurio-registry-app-2.6.13.Final-runner.jar"
@@ -63,16 +63,8 @@ def ensure_registry_dist() -> Path:
     return home
 
 
-class SchemaRegistryServer(ServerProcess):
+class SchemaRegistryServer(OnePortServer):
     name = "registry"
-
-    def __init__(self, data_dir: Path, port: int) -> None:
-        super().__init__(data_dir)
-        self.port = port
-
-    @property
-    def ports(self) -> tuple[int, ...]:
-        return (self.port,)
 
     @property
     def address(self) -> str:
