@@ -22,7 +22,7 @@ from streamtrain.infra.process import pid_alive
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 
-def _free_port_block(size: int = 5) -> int:
+def _free_port_block(size: int = 6) -> int:
     """A base port with `size` consecutive free ports after it."""
     for base in range(23000, 60000, 97):
         socks = []
@@ -44,7 +44,7 @@ class Cli:
     def __init__(self, home: Path) -> None:
         self.home = home
         self.env = {k: v for k, v in os.environ.items()
-                    if k not in ("STREAMTRAIN_KAFKA", "STREAMTRAIN_ETCD", "STREAMTRAIN_REDIS")}
+                    if k not in ("STREAMTRAIN_KAFKA", "STREAMTRAIN_ETCD", "STREAMTRAIN_REDIS", "STREAMTRAIN_REGISTRY")}
         self.env["STREAMTRAIN_HOME"] = str(home)
 
     def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -127,6 +127,16 @@ def test_down_leaves_no_process_behind(cli: Cli) -> None:
     assert "kafka" in result.stdout and "etcd" in result.stdout and "redis" in result.stdout
     assert _processes_under(cli.home) == []
     assert not any(s["healthy"] for s in cli.status().values())
+
+
+def test_up_with_registry_adds_a_schema_registry_that_down_stops(cli: Cli) -> None:
+    result = cli("up", "--registry")
+    assert "registry" in result.stdout, result.stdout
+    status = cli.status()
+    assert set(status) == {"kafka", "etcd", "redis", "registry"}
+    assert status["registry"]["healthy"] and status["registry"]["address"].endswith("/apis/ccompat/v7"), status
+    assert "registry" in cli("down").stdout
+    assert _processes_under(cli.home) == []
 
 
 def test_missing_program_error_names_the_install_command(tmp_path: Path) -> None:
