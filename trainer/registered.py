@@ -64,11 +64,11 @@ class WriterSchemas:
     """What reads each registry id's values (`load` builds it from the schema); an id that
     cannot be used is remembered with its reason, so a stream of such records costs one lookup."""
 
-    def __init__(self, fetch: Fetch, error: type[Exception], kind: str, load: Callable[[RegisteredSchema], object]
-                 ) -> None:
+    def __init__(self, fetch: Fetch, error: type[Exception], schema_type: str,
+                 load: Callable[[RegisteredSchema], object]) -> None:
         self._fetch = fetch
         self._error = error
-        self._kind = kind
+        self._type = schema_type
         self._load = load
         self._readers: dict[int, object] = {}
         self._refused: dict[int, str] = {}
@@ -90,12 +90,12 @@ class WriterSchemas:
 
     def _reader(self, schema_id: int) -> object:
         found = self._fetch(schema_id)
-        what = self._kind.lower()
+        what = self._type.lower()
         if found is None:
             raise self._error(f"{what}: schema id {schema_id} is not in the registry")
-        if found.type != self._kind:
+        if found.type != self._type:
             raise self._error(f"{what}: schema id {schema_id} is a {found.type} schema, the job reads "
-                              f"{_NAMES[self._kind]}")
+                              f"{_NAMES[self._type]}")
         try:
             return self._load(found)
         except _SchemaError as exc:
@@ -110,11 +110,11 @@ class _SchemaError(Exception):
 
 
 class _Framed(DeclaredRecord):
-    kind: str
+    schema_type: str  # as the registry names it: AVRO, PROTOBUF
 
     def __init__(self, fields: DeclaredFields, error: type[Exception], stable_id, fetch: Fetch) -> None:
-        super().__init__(fields, error, stable_id, self.kind.lower())
-        self.schemas = WriterSchemas(fetch, error, self.kind, self._load)
+        super().__init__(fields, error, stable_id, self.schema_type.lower())
+        self.schemas = WriterSchemas(fetch, error, self.schema_type, self._load)
 
     def __call__(self, value: bytes | None) -> Example:
         return self.example(self.document(value))
@@ -139,7 +139,7 @@ class DeclaredAvro(_Framed):
     """One Avro record in Confluent's wire format into an Example. Raises `error` naming what
     is wrong: the framing, the schema, the bytes, or a declared path."""
 
-    kind = "AVRO"
+    schema_type = "AVRO"
 
     def _load(self, found: RegisteredSchema) -> object:
         try:
@@ -165,7 +165,7 @@ class DeclaredAvro(_Framed):
 class DeclaredProtobuf(_Framed):
     """One Protobuf record in Confluent's wire format into an Example, as `DeclaredAvro`."""
 
-    kind = "PROTOBUF"
+    schema_type = "PROTOBUF"
 
     def _load(self, found: RegisteredSchema) -> object:
         return compile_proto(found.text)
