@@ -3,6 +3,7 @@ themselves, and the ledger still holds. Private services, so the session's are n
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -41,6 +42,11 @@ def test_a_job_goes_on_after_a_service_restarts(own_services, tmp_path, service)
     ensure_topics(services, [TopicSpec(topic, 2)])
     counts = write_examples(services, topic, [e.to_json() for e in MODEL.examples(30_000)], 2)
     config = make_job(f"away-{service}", topic, tmp_path, max_records=500)
+    # The job's default leader lease (10 s), not the tests' 2 s: etcd comes back with every lease
+    # renewed for one TTL, and a client reconnecting after the outage can take longer than 2 s
+    # to send its keep-alive; a leader whose lease ends steps down (fenced) and exits for its
+    # supervisor to restart it, which these threads do not have (CI, 2026-11-24).
+    config = dataclasses.replace(config, master=dataclasses.replace(config.master, lock_ttl_s=10))
     coord, background, redis_conn = Etcd.connect(services), Background(), redis_client(services)
     try:
         # Leases of the CLI's default length, longer than the outage: with 2 s ones a shard's
