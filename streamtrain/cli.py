@@ -315,7 +315,7 @@ def job_status_cmd(
 def predict_cmd(
     job: JobOpt,
     source: Annotated[str, typer.Argument(metavar="[FILE|-]", 
-        help="File of records, one per line in the job's input.format (base64 lines for binary); "
+        help="File of records, one per line in the job's input.format (base64 lines for binary, avro and protobuf); "
         "'-' or nothing reads stdin.", show_default=False)] = "-",
     as_json: Annotated[bool, typer.Option(
         "--json/--text", help="One JSON object per record (default), or 'LINE<TAB>SCORE' / "

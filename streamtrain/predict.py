@@ -1,7 +1,7 @@
 """`streamtrain predict`: score records with the newest parameters a running job serves.
 
-Records are read one per line in the job's `input.format` (for `binary`, whose records may hold
-newline bytes, each line is the record base64-encoded); blank lines are skipped. Each record is
+Records are read one per line in the job's `input.format` (for `binary`, `avro` and `protobuf`,
+whose records may hold newline bytes, each line is the record base64-encoded); blank lines are skipped. Each record is
 decoded with the trainer's own decoder (`trainer.decoders.make_decoder`) and scored by
 `trainer.scoring.Scorer` against the job's config and slot map in etcd and its parameters in
 Redis. One result per record, in input order: `{"line": n, "score": p}`, or
@@ -17,6 +17,9 @@ from dataclasses import dataclass
 
 from streamtrain.infra import Endpoints
 from streamtrain.schemas import StreamtrainError
+
+
+BASE64_FORMATS = ("binary", "avro", "protobuf")  # records that are bytes, not text
 
 
 class PredictError(StreamtrainError, RuntimeError):
@@ -41,7 +44,7 @@ class Predictor:
         self.config = config
         self.scorer = scorer
         self.decode = decoder
-        self.base64 = config.input.format == "binary"
+        self.base64 = config.input.format in BASE64_FORMATS
 
     @classmethod
     def connect(cls, endpoints: Endpoints, job: str) -> tuple[Predictor, object]:

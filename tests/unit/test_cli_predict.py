@@ -7,6 +7,7 @@ import base64
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from streamtrain.predict import Predictor
 from streamtrain.schemas import Example
@@ -47,3 +48,14 @@ def test_binary_records_are_read_base64() -> None:
     p, _ = predictor("binary")
     out = [r.as_dict() for r in p.predict([base64.b64encode(GOOD.to_bytes()), b"%%%"])]
     assert out[0] == {"line": 1, "score": 0.5} and "base64" in out[1]["error"]
+
+
+def test_avro_records_are_read_base64() -> None:
+    from streamtrain.jobstate.config import JobConfig
+    from test_trainer_registered import JOB, R1, V1, Registry, framed
+
+    section = JobConfig.from_toml(JOB.replace('dense = ["price"]', 'dense = ["price", "price"]')).input
+    decoder = make_decoder(section, Registry((1, "AVRO", V1)))
+    p = Predictor(SimpleNamespace(name="j", input=section), FakeScorer(), decoder)
+    out = [r.as_dict() for r in p.predict([base64.b64encode(framed(1, V1, R1))])]
+    assert out == [{"line": 1, "score": pytest.approx(0.42)}]
