@@ -64,10 +64,15 @@ def restart_backoff(previous_s: float, ran_s: float, returncode: int, *, min_s: 
     Backing off is for a child that fails by itself, again and again, soon after it starts (a
     bad config, a service it cannot reach): its wait doubles up to `max_s`. A child killed by a
     signal from outside (SIGKILL, SIGTERM, SIGINT, SIGHUP: an operator, the OOM killer, a chaos
-    test) did not fail, and one that ran at least `healthy_after_s` was not crash-looping: both
-    restart after `min_s`, so a job under repeated kills recovers in seconds rather than waiting
-    out a backoff grown to `max_s`. A crash by signal (SIGSEGV, SIGABRT) is its own failure."""
-    if -returncode in _EXTERNAL or ran_s >= healthy_after_s or not previous_s:
+    test) did not fail: it restarts at once, since a successor takes its predecessor's place
+    without waiting (jobstate/predecessors.py) and the start itself (an interpreter, torch) is
+    what bounds a loop of such kills. One that ran at least `healthy_after_s` was not
+    crash-looping: it restarts after `min_s`, so a job under repeated kills recovers in seconds
+    rather than waiting out a backoff grown to `max_s`. A crash by signal (SIGSEGV, SIGABRT) is
+    its own failure."""
+    if -returncode in _EXTERNAL:
+        return 0.0
+    if ran_s >= healthy_after_s or not previous_s:
         return min_s
     return min(previous_s * 2, max_s)
 
@@ -130,7 +135,7 @@ class Supervisor:
                 child.state = "restarting"
                 events.append(f"{child.name} exited with {child.last_exit} after {ran:.0f} s; "
                               f"restarting in {child.backoff_s:.0f} s")
-            elif child.state == "restarting" and now >= child.restart_at:
+            if child.state == "restarting" and now >= child.restart_at:
                 child.restarts += 1
                 try:
                     self._spawn(child)

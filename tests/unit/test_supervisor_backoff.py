@@ -17,9 +17,14 @@ def test_a_child_failing_by_itself_soon_after_starting_waits_longer_each_time() 
     assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
 
 
-@pytest.mark.parametrize("ran_s, returncode", [(0.5, -9), (3.0, -15), (10.0, 1), (600.0, 2), (20.0, -11)])
-def test_a_child_killed_by_a_signal_or_that_ran_a_while_restarts_at_once(ran_s, returncode) -> None:
-    """Under repeated kills (a chaos test, the OOM killer) the wait never grows to the cap."""
+@pytest.mark.parametrize("ran_s, returncode", [(0.5, -9), (3.0, -15), (600.0, -2), (0.1, -1)])
+def test_a_child_killed_from_outside_restarts_at_once(ran_s, returncode) -> None:
+    """Under repeated kills (a chaos test, the OOM killer) there is no wait at all."""
+    assert restart_backoff(30.0, ran_s, returncode, **POLICY) == 0.0
+
+
+@pytest.mark.parametrize("ran_s, returncode", [(10.0, 1), (600.0, 2), (20.0, -11)])
+def test_a_child_that_ran_a_while_restarts_after_the_shortest_wait(ran_s, returncode) -> None:
     assert restart_backoff(30.0, ran_s, returncode, **POLICY) == 1.0
 
 
