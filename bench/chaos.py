@@ -33,6 +33,7 @@ Exits 1 if a check fails.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -490,14 +491,18 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout-s", type=float, default=7200)
     parser.add_argument("--out", type=Path, help="also write the JSON report here")
+    parser.add_argument("--keep", type=Path, metavar="DIR",
+                        help="run in DIR and keep it: the services' data and every process's log "
+                             "(default: a temporary directory, removed at the end)")
     args = parser.parse_args()
     profile = PROFILES[args.profile]
     records, passes = args.records or profile.records, args.passes or profile.passes
     every_s, kinds = args.every_s or profile.every_s, tuple(args.faults or profile.faults)
     started = time.monotonic()
     work = Workload.make(records, args.holdout)
-    with tempfile.TemporaryDirectory() as tmp:
+    with contextlib.nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
+        home.mkdir(parents=True, exist_ok=True)
         local = LocalServices(home / "services", Ports.free())
         if local.endpoints.external:
             raise SystemExit(f"bench.chaos kills its own services: unset STREAMTRAIN_"
