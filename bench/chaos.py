@@ -87,8 +87,9 @@ PROFILES = {
     # Every kind once, in under 5 minutes here.
     "ci": Profile(2_000_000, 1, 2.0, 1),
     # Every kind 100 times, a fault every 3 s; the schedule holds 13 s for each freeze and until
-    # each restarted service answers (Kafka ~15 s): about 1.6 h of faults, so 150M examples
-    # keep the job going at the half rate it keeps, after a fault-free run of about an hour.
+    # each restarted service answers (Kafka ~7 s with the 2 s wait): about 1.4 h of faults, so
+    # 150M examples keep the job going at the half rate it keeps, after a fault-free run of
+    # about an hour.
     "full": Profile(500_000, 300, 3.0, 100),
 }
 
