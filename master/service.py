@@ -1,6 +1,7 @@
 """The master process: slices input partitions into tasks, expires and folds them, advances
-passes, watches membership. Stateless: everything it needs is in etcd, so a standby that
-takes the lock continues exactly where the last leader's last committed transaction left off.
+passes, watches membership, takes the job-wide checkpoints. Stateless: everything it needs is
+in etcd, so a standby that takes the lock continues exactly where the last leader's last
+committed transaction left off.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from streamtrain.jobstate.offsets import InputOffsets, InputUnavailableError, Pa
 from streamtrain.jobstate.predecessors import this_machine
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.master import plan
+from streamtrain.master.checkpoints import PeriodicCheckpoints
 from streamtrain.master.leader import LeaderLock
 from streamtrain.schemas import EtcdKeys, PartitionCursor, SchemaError, TaskRecord
 
@@ -70,6 +72,8 @@ class Master:
         self._ignored: set[Partition] = set()
         self._compact_mark: tuple[float, int] | None = None
         self.metrics = MasterMetrics.for_job(config.name)
+        self.checkpoints = PeriodicCheckpoints(etcd, config.name, config.pservers.checkpoint_every_s,
+                                               config.pservers.count, clock)
 
     # -- life cycle ----------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -119,13 +123,16 @@ class Master:
         now = self.clock()
         # The rollback request rides in the same read: the master's round trips per step are
         # what bounds how fast it folds (the 100k-task test's key count depends on it).
-        pending, done, failed, trainers, ps, rollback = self.etcd.ranges([
+        pending, done, failed, trainers, ps, rollback, pause, checkpoint = self.etcd.ranges([
             self.keys.tasks("pending"), self.keys.tasks("done"), self.keys.tasks("failed"),
             self.keys.trainers_prefix, self.keys.ps_prefix, self.keys.control("rollback"),
+            self.keys.control("pause"), self.keys.control("checkpoint"),
         ])
         if rollback and json.loads(rollback[0].value).get("phase") == "master":
             self._roll_back(rollback[0].value)
             return
+        checkpointing = self.checkpoints.step(request=checkpoint[0].value if checkpoint else None,
+                                              busy=bool(rollback or pause))
         todo = self.etcd.range(self.keys.tasks("todo"), keys_only=True)
         self.metrics.queues(todo=len(todo), pending=len(pending), done=len(done), failed=len(failed))
         self._watch_members("trainers", trainers)
@@ -133,7 +140,7 @@ class Master:
         self._expire(pending, now)
         self._fold(done, failed)
         self._compact(now)
-        if self.finished:
+        if self.finished or checkpointing:  # nothing sliced between a checkpoint's two sides
             return
         self._slice(len(todo), now)
         if self.config.bounded:
@@ -141,7 +148,7 @@ class Master:
 
     # -- rollback ------------------------------------------------------------------------
     def _roll_back(self, request: bytes) -> None:
-        """Put cursors, task queues and job state back as a quiescent checkpoint recorded them
+        """Put cursors, task queues and job state back as a job-wide checkpoint recorded them
         (streamtrain/checkpoints.py); then hand over to the shards. Idempotent: a master that
         dies half-way leaves the phase at "master" and the next one starts over."""
         doc = json.loads(request)

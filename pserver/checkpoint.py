@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow.fs as pafs
 
+from streamtrain.jobstate.checkpoints import new_checkpoint_id
 from streamtrain.jobstate.optimizers import UpdateRule
 from streamtrain.jobstate.rows import RowTable
 from streamtrain.pserver.dedup import Dedup
@@ -38,10 +39,6 @@ class CheckpointError(StreamtrainError, RuntimeError):
 class CheckpointMismatchError(CheckpointError):
     """The newest checkpoint was written for another optimizer: starting fresh would silently
     throw the trained parameters away, so the shard refuses to start."""
-
-
-def new_checkpoint_id() -> str:
-    return f"{time.time_ns():020d}"
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 
 from streamtrain.infra import Endpoints
 from streamtrain.infra.clients import TopicSpec, ensure_topics, redis_client
+from streamtrain.jobstate.checkpoints import Request, new_checkpoint_id
 from streamtrain.jobstate.config import JobConfig
 from streamtrain.jobstate.errors import CoordinationError, MasterError
 from streamtrain.jobstate.etcd import Etcd
@@ -38,7 +39,7 @@ from streamtrain.jobstate.offsets import InputOffsets, InputUnavailableError
 from streamtrain.jobstate.optimizers import make_rule
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.pserver.barrier import StepBarrier
-from streamtrain.pserver.checkpoint import CheckpointStore, new_checkpoint_id
+from streamtrain.pserver.checkpoint import CheckpointStore
 from streamtrain.pserver.publisher import Publisher, Snapshot
 from streamtrain.pserver.state import BadDeltaError, Changes, ShardState, newest
 from streamtrain.schemas import DeadLetter, EtcdKeys, GradientDelta, PartitionCursor, RedisKeys, SchemaError, Topics
@@ -256,6 +257,8 @@ class PserverShard:
         self.checkpoint_id: str | None = None
         self.lock = threading.Lock()  # held while applying and while the publisher copies
         self._requests_done: set[str] = set()
+        self._checkpoint_every_s = 0.0
+        self._next_checkpoint = float("inf")  # this shard's own next checkpoint (monotonic)
         self._fold: tuple[dict, int] | None = None  # watermarks read, LSO to pass before folding
         self.fold_checks = 0  # times the shard looked at whether it could fold
 
@@ -398,7 +401,8 @@ class PserverShard:
         now = time.monotonic()
         next_housekeeping = now
         next_fold = now + self.options.fold_interval_s
-        next_checkpoint = now + checkpoint_every_s
+        self._checkpoint_every_s = checkpoint_every_s
+        self._next_checkpoint = now + checkpoint_every_s
         while not stop.is_set():
             if self.lease.lost.is_set():
                 raise ShardLostError(f"shard {self.index}: lease lost; stopping so a restart recovers")
@@ -413,9 +417,9 @@ class PserverShard:
                 self._release()
                 self._waiting_out(self._housekeeping)
                 next_housekeeping = now + self.options.housekeeping_s
-            if now >= next_checkpoint:
+            if now >= self._next_checkpoint:
                 done = self._waiting_out(self.checkpoint)
-                next_checkpoint = time.monotonic() + (checkpoint_every_s if done else SERVICE_AWAY_S)
+                self._next_checkpoint = time.monotonic() + (checkpoint_every_s if done else SERVICE_AWAY_S)
 
     def _waiting_out(self, step: Callable[[], object]) -> bool:
         """Run a periodic step; etcd or Redis away fails it, to be tried again at its next
@@ -573,7 +577,7 @@ class PserverShard:
         return manifest.checkpoint_id
 
     def _rollback_target(self) -> tuple[str, ...]:
-        """The job's newest quiescent checkpoint (`checkpoints/latest`): periodic checkpoints
+        """The job's newest job-wide checkpoint (`checkpoints/latest`): periodic checkpoints
         must not prune what `rollback --to latest` returns to."""
         entry = self.etcd.get(self.keys.checkpoints_latest)
         try:
@@ -594,27 +598,34 @@ class PserverShard:
         `control/rollback` ({"to": ..., "phase": "shards"}, done once)."""
         checkpoint, rollback = self.etcd.ranges([self.keys.control("checkpoint"), self.keys.control("rollback")])
         if rollback:
+            # No checkpoint meanwhile: one requested before the rollback pairs its job record
+            # with parameters of the abandoned timeline (the request is withdrawn anyway).
             self._roll_back(rollback[0].value)
+            return
         if not checkpoint:
             return
-        entry = checkpoint[0]
         try:
-            wanted = json.loads(entry.value)["id"]
-            key = self.keys.checkpoint_shard(wanted, self.index)
-        except (ValueError, KeyError, TypeError, SchemaError) as exc:
-            log.warning("shard %d: ignoring control/checkpoint %r: %s", self.index, entry.value, exc)
+            wanted = Request.parse(checkpoint[0].value).id
+        except SchemaError as exc:
+            log.warning("shard %d: ignoring %s", self.index, exc)
             return
+        if wanted is None:
+            return  # asked of the master, which has not recorded the job's side yet
+        key = self.keys.checkpoint_shard(wanted, self.index)
         kept = self.store.complete_ids()
         # Taken once: not again after this shard pruned it (ids sort by time) or restarted.
         if wanted in self._requests_done or (kept and wanted < kept[0]) or self.etcd.get(key) is not None:
             return
-        # Include everything committed before the request: with trainers paused and no task
-        # pending (a quiescent checkpoint), that is every gradient of every finished task.
+        # Everything written before the request is seen: that is every delta of every task
+        # the checkpoint's job record calls done (jobstate/checkpoints.py).
         end = self._log_end()
         while self.next_offset < end:
             self._consume(1000, 0.2)
         self.checkpoint(wanted)
         self._requests_done.add(wanted)
+        # The master requests one every `checkpoint_every_s`: this shard takes one of its own
+        # (for its restarts; no rollback target) only when a request is half an interval late.
+        self._next_checkpoint = time.monotonic() + 1.5 * self._checkpoint_every_s
 
     def _roll_back(self, request: bytes) -> None:
         """Load checkpoint `to` and skip the gradients committed since (the tasks they came

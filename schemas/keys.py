@@ -115,7 +115,7 @@ class EtcdKeys:
         return f"{self.prefix}checkpoints/{_etcd_check.checkpoint_id('checkpoint_id', checkpoint_id)}/"
 
     def checkpoint_job(self, checkpoint_id: str) -> str:
-        """The job's side of a quiescent checkpoint: cursors and task queues as they were."""
+        """The job's side of a job-wide checkpoint: cursors and task queues as they were."""
         return f"{self.checkpoint(checkpoint_id)}job"
 
     def checkpoint_rolled_back(self, checkpoint_id: str, shard: int) -> str:

@@ -1,23 +1,20 @@
-"""`streamtrain checkpoint` and `streamtrain rollback --to`: job-wide, quiescent checkpoints.
+"""`streamtrain checkpoint` and `streamtrain rollback --to`: job-wide checkpoints.
 
-A checkpoint a rollback can return to must say exactly which examples its parameters hold.
-So it is taken at a quiet moment:
+`request_checkpoint` asks the job's master for one, taken while the trainers go on
+(jobstate/checkpoints.py: the master records the job's cursors and queues and slices nothing
+until every shard has checkpointed at its gradient topic's log end, which holds every delta of
+every task the record calls done). The master takes one the same way every
+`pservers.checkpoint_every_s`.
 
-1. `control/pause`: trainers finish the task in hand and claim no other. Once no task is
-   pending, every gradient of every finished task is committed.
-2. A new id goes to `control/checkpoint`; each shard consumes its gradient topic up to the
-   log end (deltas are produced without transactions), checkpoints under that id and registers `checkpoints/<id>/<index>`.
-3. The job's side, `checkpoints/<id>/job`: the cursors, task queues and job state, read at one
-   etcd revision. Then `checkpoints/latest`, and the pause is lifted.
-
-Rollback to such a checkpoint pauses the same way, then `control/rollback` goes through two
-phases: the master puts cursors and queues back as recorded ("master"), then every shard
-loads its checkpoint, skips the gradients committed since, republishes, retires its newer
-checkpoints and checkpoints the rolled-back state ("shards", each then acknowledging at
+Rollback pauses the trainers (`control/pause`: each finishes the task in hand and claims no
+other) until no task is pending, then `control/rollback` goes through two phases: the master
+puts cursors and queues back as recorded ("master"), then every shard loads its checkpoint,
+skips the gradients committed since, republishes, retires its newer checkpoints and
+checkpoints the rolled-back state ("shards", each then acknowledging at
 `checkpoints/<id>/rolled/<index>`), so that a restart stays on the rolled-back timeline.
-The tasks trained after the checkpoint are in todo again, and the dedup ledgers in the
-shards' checkpoints do not know them, so they are trained and applied once more: exactly
-what came after the checkpoint is replayed.
+The tasks trained after the checkpoint are to do again; when they are trained once more, the
+groups a shard's checkpoint already holds are dropped by its dedup ledger and the rest
+applied: exactly what came after the checkpoint is replayed, once.
 """
 
 from __future__ import annotations
@@ -26,7 +23,8 @@ import json
 import time
 from dataclasses import dataclass
 
-from streamtrain.jobstate.etcd import Etcd, delete_op, value_is
+from streamtrain.jobstate import checkpoints as cut
+from streamtrain.jobstate.etcd import Etcd
 from streamtrain.schemas import EtcdKeys, StreamtrainError
 
 
@@ -35,13 +33,12 @@ class CheckpointError(StreamtrainError, RuntimeError):
 
 
 class CheckpointTimeout(CheckpointError):
-    def __init__(self, job: str, checkpoint_id: str, missing: list[int], down: list[int], wait_s: float) -> None:
-        why = f"; not running (no ps/<i> lease): {down}" if down else ""
-        super().__init__(f"job {job!r}: checkpoint {checkpoint_id}: pserver shard(s) {missing} did not "
-                         f"register within {wait_s:g} s{why}")
+    def __init__(self, job: str, why: str, wait_s: float, checkpoint_id: str | None = None,
+                 missing: list[int] | None = None, down: list[int] | None = None) -> None:
+        super().__init__(f"job {job!r}: no checkpoint within {wait_s:g} s: {why}")
         self.checkpoint_id = checkpoint_id
-        self.missing = missing
-        self.down = down
+        self.missing = missing or []
+        self.down = down or []
 
 
 @dataclass(frozen=True)
@@ -89,63 +86,53 @@ class Paused:
             self.etcd.delete_prefix(self.keys.control("pause"))
 
 
-def request_checkpoint(etcd: Etcd, job: str, wait_s: float = 60.0, poll_s: float = 0.2,
-                       quiesce: bool = True) -> Checkpoint:
-    """Ask every shard of `job` for a checkpoint and record it as the latest once all have it.
-    With `quiesce` (the default) trainers are paused around it and the job's cursors and queues
-    are recorded, so `rollback` can return to it.
+def request_checkpoint(etcd: Etcd, job: str, wait_s: float = 60.0, poll_s: float = 0.2) -> Checkpoint:
+    """Ask the job's master for a job-wide checkpoint (jobstate/checkpoints.py), taken while
+    the trainers go on, and wait until it is named the latest: `rollback` can return to it.
 
     Raises:
-        CheckpointError: the job has no shards, or tasks stayed pending.
-        CheckpointTimeout: some shards did not register within `wait_s`.
+        CheckpointError: the job has no shards, or the master withdrew the request (a rollback
+            or pause began, or a shard did not take it in time).
+        CheckpointTimeout: not done within `wait_s` (no master, or shards missing).
     """
-    if not quiesce:
-        return _request(etcd, job, wait_s, poll_s)
-    with Paused(etcd, job, wait_s, "checkpoint"):
-        return _request(etcd, job, wait_s, poll_s, record_job=True)
-
-
-def _request(etcd: Etcd, job: str, wait_s: float, poll_s: float, record_job: bool = False) -> Checkpoint:
     from streamtrain.jobstate.membership import members
-    from streamtrain.pserver.checkpoint import new_checkpoint_id
 
-    keys = EtcdKeys(job)
     n = shard_count(etcd, job)
     if n < 1:
         raise CheckpointError(f"job {job!r} has no pserver shards (ps_desired = {n})")
-    started = time.monotonic()
-    checkpoint_id = new_checkpoint_id()
-    request = json.dumps({"id": checkpoint_id}).encode()
-    etcd.put(keys.control("checkpoint"), request)
+    key, started = EtcdKeys(job).control("checkpoint"), time.monotonic()
+    deadline = started + wait_s
+    while (asked := cut.ask(etcd, job)) is None:  # one is under way: ours comes after it
+        if time.monotonic() >= deadline:
+            raise CheckpointTimeout(job, "another checkpoint request stayed outstanding", wait_s)
+        time.sleep(poll_s)
+    nonce, current = cut.Request.parse(asked).ask, asked
+    checkpoint_id: str | None = None
     try:
-        deadline = started + wait_s
-        missing = list(range(n))
         while True:
-            missing = [i for i in missing if etcd.get(keys.checkpoint_shard(checkpoint_id, i)) is None]
-            if not missing or time.monotonic() >= deadline:
-                break
+            named, entry = etcd.ranges([EtcdKeys(job).checkpoints_latest, key])
+            if named and (doc := json.loads(named[0].value)).get("ask") == nonce:
+                current = None  # the master withdrew it when it named it
+                return Checkpoint(doc["id"], n, doc["at"], time.monotonic() - started)
+            current = entry[0].value if entry else None
+            request = cut.Request.parse(current) if current is not None else None
+            if request is None or request.ask != nonce:
+                raise CheckpointError(f"job {job!r}: the master withdrew the checkpoint request (a "
+                                      "rollback or pause began, or a shard did not take it in time; "
+                                      "see the master's log)")
+            checkpoint_id = request.id
+            if time.monotonic() >= deadline:
+                if checkpoint_id is None:
+                    raise CheckpointTimeout(job, "the master did not take the request (is it running?)", wait_s)
+                missing = cut.missing_shards(etcd, job, checkpoint_id, n)
+                down = [i for i in missing if i not in members(etcd, job).pservers]
+                why = f"pserver shard(s) {missing} did not register checkpoint {checkpoint_id}"
+                raise CheckpointTimeout(job, why + (f"; not running (no ps/<i> lease): {down}" if down else ""),
+                                        wait_s, checkpoint_id, missing, down)
             time.sleep(poll_s)
-        if missing:
-            live = members(etcd, job).pservers
-            raise CheckpointTimeout(job, checkpoint_id, missing, [i for i in missing if i not in live], wait_s)
-        at = time.time()
-        if record_job:
-            etcd.put(keys.checkpoint_job(checkpoint_id), _job_side(etcd, keys))
-        etcd.put(keys.checkpoints_latest, json.dumps({"id": checkpoint_id, "shards": n, "at": at}).encode())
-        return Checkpoint(checkpoint_id, n, at, time.monotonic() - started)
     finally:
-        etcd.txn([value_is(keys.control("checkpoint"), request)], [delete_op(keys.control("checkpoint"))])
-
-
-def _job_side(etcd: Etcd, keys: EtcdKeys) -> bytes:
-    cursors, todo, done, failed, state = etcd.ranges([
-        keys.cursors_prefix, keys.tasks("todo"), keys.tasks("done"), keys.tasks("failed"), keys.state])
-    return json.dumps({
-        "v": 1, "cursors": [json.loads(e.value) for e in cursors],
-        "todo": [json.loads(e.value) for e in todo], "done": [json.loads(e.value) for e in done],
-        "failed": [json.loads(e.value) for e in failed],
-        "state": json.loads(state[0].value) if state else None,
-    }).encode()
+        if current is not None:
+            cut.withdraw(etcd, job, current)
 
 
 class RollbackError(CheckpointError):
@@ -153,12 +140,12 @@ class RollbackError(CheckpointError):
 
 
 def rollback(etcd: Etcd, job: str, checkpoint_id: str, wait_s: float = 120.0, resume: bool = True) -> None:
-    """Return the whole job to a quiescent checkpoint (see the module docstring). With
+    """Return the whole job to a job-wide checkpoint (see the module docstring). With
     `resume=False` trainers stay paused afterwards (to inspect the parameters first)."""
     keys = EtcdKeys(job)
     n = shard_count(etcd, job)
     if etcd.get(keys.checkpoint_job(checkpoint_id)) is None:
-        raise RollbackError(f"job {job!r}: {checkpoint_id} is not a quiescent checkpoint of this job "
+        raise RollbackError(f"job {job!r}: {checkpoint_id} is not a job-wide checkpoint of this job "
                             "(no checkpoints/<id>/job; take one with `streamtrain checkpoint`)")
     missing = [i for i in range(n) if etcd.get(keys.checkpoint_shard(checkpoint_id, i)) is None]
     if missing:
@@ -166,6 +153,9 @@ def rollback(etcd: Etcd, job: str, checkpoint_id: str, wait_s: float = 120.0, re
     with Paused(etcd, job, wait_s, "rollback") as paused:
         paused.resume = resume
         control = keys.control("rollback")
+        # A checkpoint requested before the pause is of the timeline being abandoned: a shard
+        # must not take it after rolling back (the master withdraws its own too).
+        etcd.delete_prefix(keys.control("checkpoint"))
         # Acks left by an earlier rollback to the same checkpoint that did not clean up would
         # make shards skip this one (a shard rolling back twice while paused ends the same).
         etcd.delete_prefix(keys.checkpoint(checkpoint_id) + "rolled/")

@@ -312,8 +312,7 @@ class Trainer:
         return None if self._paused() else self.tasks.claim()
 
     def _paused(self) -> bool:
-        """`control/pause` set (a quiescent checkpoint, a rollback): finish the task in hand,
-        claim no other."""
+        """`control/pause` set (a rollback): finish the task in hand, claim no other."""
         return self.etcd.get(EtcdKeys(self.config.name).control("pause")) is not None
 
     @staticmethod

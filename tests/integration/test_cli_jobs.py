@@ -103,12 +103,15 @@ def test_predict_scores_records_with_the_served_parameters_and_scores_move_with_
         coord.close()
 
 
-def test_checkpoint_registers_every_shard_and_sets_latest(services, etcd, redis_conn, unique, tmp_path) -> None:
-    config = make_job(unique("ckpt"), "input-unused", tmp_path)
+def test_checkpoint_asks_the_master_registers_every_shard_and_sets_latest(services, etcd, redis_conn, unique, topic_factory,
+                                                                           tmp_path, start_master) -> None:
+    topic = topic_factory("ckpt", partitions=1)  # the master leads once its input exists
+    config = make_job(unique("ckpt"), topic, tmp_path)
     keys = EtcdKeys(config.name)
     coord, background = Etcd.connect(services), Background()
     try:
         publish_job(coord, config)
+        start_master(config)
         start_shards(background, services, config.name)
         wait_for(lambda: serving(redis_conn, config.name), 60, "both shards serving", interval=0.2)
         started = time.monotonic()
@@ -116,6 +119,7 @@ def test_checkpoint_registers_every_shard_and_sets_latest(services, etcd, redis_
         took = time.monotonic() - started
         assert done.returncode == 0, done.stderr.decode()
         checkpoint_id = done.stdout.decode().strip()
+        assert coord.get(keys.checkpoint_job(checkpoint_id)) is not None  # the master recorded the job's side
         for i in range(2):
             entry = coord.get(keys.checkpoint_shard(checkpoint_id, i))
             assert entry is not None and json.loads(entry.value)["shard"] == i
@@ -123,14 +127,23 @@ def test_checkpoint_registers_every_shard_and_sets_latest(services, etcd, redis_
         assert latest["id"] == checkpoint_id and latest["shards"] == 2 and latest["at"] > time.time() - took - 5
         assert coord.get(keys.control("checkpoint")) is None  # the request is withdrawn
 
-        # A job whose shards are not running: exit 1, naming them; latest stays as it was.
-        other = make_job(unique("ckptdown"), "input-unused", tmp_path)
+        # A job whose master runs but whose shards do not: exit 1, naming them.
+        other = make_job(unique("ckptdown"), topic, tmp_path)
         publish_job(coord, other)
-        failed = streamtrain(services, "checkpoint", "--job", other.name, "--wait-s", "1")
+        start_master(other)
+        failed = streamtrain(services, "checkpoint", "--job", other.name, "--wait-s", "2")
         assert failed.returncode == 1
-        message = failed.stderr.decode()
+        message = " ".join(failed.stderr.decode().split())  # as wrapped for the terminal
         assert "[0, 1]" in message and "did not register" in message and "not running" in message, message
         assert coord.get(EtcdKeys(other.name).checkpoints_latest) is None
+        assert coord.get(EtcdKeys(other.name).control("checkpoint")) is None  # taken back
+
+        # A job without a master: nobody records the job's side; exit 1, saying so.
+        headless = make_job(unique("ckptnomaster"), topic, tmp_path)
+        publish_job(coord, headless)
+        failed = streamtrain(services, "checkpoint", "--job", headless.name, "--wait-s", "1")
+        assert failed.returncode == 1 and "master did not take" in " ".join(failed.stderr.decode().split())
+        assert coord.get(EtcdKeys(headless.name).control("checkpoint")) is None
     finally:
         background.close()
         coord.close()

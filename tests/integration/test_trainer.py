@@ -79,13 +79,14 @@ def write_examples(services: Endpoints, topic: str, values: list[bytes], partiti
 
 
 def make_job(name: str, topic: str, tmp_path: Path, **train):
+    pservers = train.pop("pservers", {})
     return job_config(name, topic, input={"passes": train.pop("passes", 1)},
                       tasks={"max_records": train.pop("max_records", 2000), "timeout_s": train.pop("timeout_s", 30)},
                       model={"factory": train.pop("factory", "streamtrain.trainer.models:LogisticRegression"),
                              "sparse_fields": list(MODEL.fields), "dense_features": MODEL.dense_features,
                              "batch_size": train.pop("batch_size", 256)},
                       train={"learning_rate": 0.1, **train},
-                      pservers={"count": 2, "checkpoint_uri": (tmp_path / name).as_uri()})
+                      pservers={"count": 2, "checkpoint_uri": (tmp_path / name).as_uri(), **pservers})
 
 
 def finished(etcd: Etcd, job: str) -> bool:

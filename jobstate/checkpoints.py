@@ -1,0 +1,165 @@
+"""Job-wide checkpoints: a cut of the whole job that `rollback` can return to, taken while the
+trainers go on training.
+
+A cut is the job's side, then the shards' side, in that order, and only the master takes one
+(`streamtrain checkpoint` asks it to, with `ask`):
+
+1. `record`: the cursors, task queues and job state, read at one etcd revision, written to
+   `checkpoints/<id>/job`. Tasks then in hand are recorded as to do (as a release puts them).
+2. `request`: the id goes to `control/checkpoint`. Each shard, once it sees it, reads its
+   gradient topic's log end, applies everything up to it and checkpoints under that id
+   (`checkpoints/<id>/<i>`).
+3. `complete`, once every shard has: `checkpoints/latest` names the id.
+
+From 1 until the request is completed or withdrawn the master slices no task. A task sliced
+after the record could be trained, wholly or in part, into the shards' checkpoints while the
+record does not know it: after a rollback its range would be sliced again, perhaps under the
+same id and with other bounds (a cut at the stream's head), and the ledgers would drop or
+double examples. Tasks already sliced go on being trained meanwhile.
+
+Why that is consistent without a pause: a trainer completes a task only once every delta of
+it is acknowledged, so every task done in the record has all its deltas below the log ends the
+shards read after it, and is wholly in their checkpoints. The checkpoints may hold more: some
+groups of tasks in hand or done after the record. A rollback puts those tasks back to do; when
+they are trained again, each shard's dedup ledger (saved with its checkpoint) drops the groups
+it already holds, so every example is applied once per shard, as after any redone task. A
+shard may even have folded such a task into its ledger's watermarks; it folds only tasks whose
+deltas it has all applied, so dropping the redo is again right.
+
+The master takes one every `pservers.checkpoint_every_s` (master/checkpoints.py);
+`streamtrain checkpoint` takes one on demand.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, replace
+
+from streamtrain.jobstate.etcd import Etcd, absent, delete_op, put_op, value_is
+from streamtrain.schemas import EtcdKeys, SchemaError, TaskRecord
+
+JOB_RECORD_VERSION = 1
+
+
+def new_checkpoint_id() -> str:
+    """Ids sort by time: a restarted shard loads the newest."""
+    return f"{time.time_ns():020d}"
+
+
+def record(etcd: Etcd, job: str, checkpoint_id: str) -> None:
+    """Step 1: the job's side of checkpoint `checkpoint_id`, as of now."""
+    keys = EtcdKeys(job)
+    etcd.put(keys.checkpoint_job(checkpoint_id), job_record(etcd, keys))
+
+
+def job_record(etcd: Etcd, keys: EtcdKeys) -> bytes:
+    cursors, todo, pending, done, failed, state = etcd.ranges([
+        keys.cursors_prefix, keys.tasks("todo"), keys.tasks("pending"), keys.tasks("done"),
+        keys.tasks("failed"), keys.state])
+    return json.dumps({
+        "v": JOB_RECORD_VERSION, "cursors": [json.loads(e.value) for e in cursors],
+        "todo": [json.loads(e.value) for e in todo] + [_released(e.value) for e in pending],
+        "done": [json.loads(e.value) for e in done], "failed": [json.loads(e.value) for e in failed],
+        "state": json.loads(state[0].value) if state else None,
+    }).encode()
+
+
+def _released(value: bytes) -> dict:
+    """A task in hand, as `TaskClient.release` would give it back: same attempt, no holder."""
+    try:
+        task = TaskRecord.from_json(value)
+    except SchemaError:
+        return json.loads(value)  # restored as it was; the master moves it out of the way there
+    return json.loads(replace(task, trainer_id=None, deadline=None).to_json())
+
+
+def ask(etcd: Etcd, job: str) -> bytes | None:
+    """Ask the master for a checkpoint: `control/checkpoint` without an id, unless a request
+    is there already (then None: try again once it is gone). Returns the value, for `asked`."""
+    value = json.dumps({"ask": uuid.uuid4().hex, "at": time.time()}).encode()
+    key = EtcdKeys(job).control("checkpoint")
+    ok, _ = etcd.txn([absent(key)], [put_op(key, value)])
+    return value if ok else None
+
+
+@dataclass(frozen=True)
+class Request:
+    """The value of `control/checkpoint`: asked for (`id` None), or requested of the shards."""
+
+    id: str | None
+    ask: str | None
+
+    @classmethod
+    def parse(cls, value: bytes) -> Request:
+        """Raises SchemaError naming what is wrong."""
+        try:
+            doc = json.loads(value)
+            checkpoint_id, nonce = doc.get("id"), doc.get("ask")
+        except (ValueError, AttributeError) as exc:
+            raise SchemaError("control/checkpoint", "", f"not a JSON object: {value[:80]!r}") from exc
+        if checkpoint_id is None and nonce is None:
+            raise SchemaError("control/checkpoint", "id", f"neither an id nor an ask: {value[:80]!r}")
+        if checkpoint_id is not None:
+            EtcdKeys("_").checkpoint(checkpoint_id)  # a well-formed id, or SchemaError
+        return cls(checkpoint_id, nonce if isinstance(nonce, str) else None)
+
+
+def request(etcd: Etcd, job: str, checkpoint_id: str, asked: bytes | None = None) -> bytes | None:
+    """Step 2: ask every shard for checkpoint `checkpoint_id`, in place of the ask `asked` (its
+    id is kept, so the asker can follow). Returns the request's value, for `withdraw`; None if
+    `asked` was withdrawn meanwhile."""
+    key = EtcdKeys(job).control("checkpoint")
+    nonce = Request.parse(asked).ask if asked is not None else None
+    value = json.dumps({"id": checkpoint_id, **({"ask": nonce} if nonce else {})}).encode()
+    ok, _ = etcd.txn([value_is(key, asked) if asked is not None else absent(key)], [put_op(key, value)])
+    return value if ok else None
+
+
+def missing_shards(etcd: Etcd, job: str, checkpoint_id: str, shards: int) -> list[int]:
+    keys = EtcdKeys(job)
+    have = {e.key for e in etcd.range(keys.checkpoint(checkpoint_id), keys_only=True)}
+    return [i for i in range(shards) if keys.checkpoint_shard(checkpoint_id, i) not in have]
+
+
+def complete(etcd: Etcd, job: str, request: bytes, shards: int) -> float:
+    """Step 3: the checkpoint `request` asked the shards for is the newest rollback target (an
+    asker knows it by its ask). Returns when it was named so."""
+    asked, at = Request.parse(request), time.time()
+    etcd.put(EtcdKeys(job).checkpoints_latest, json.dumps(
+        {"id": asked.id, "shards": shards, "at": at, **({"ask": asked.ask} if asked.ask else {})}).encode())
+    return at
+
+
+def withdraw(etcd: Etcd, job: str, value: bytes) -> None:
+    """Take the request back, unless another has replaced it: a shard started later must not
+    take it."""
+    key = EtcdKeys(job).control("checkpoint")
+    etcd.txn([value_is(key, value)], [delete_op(key)])
+
+
+def latest(etcd: Etcd, job: str) -> str | None:
+    entry = etcd.get(EtcdKeys(job).checkpoints_latest)
+    try:
+        return json.loads(entry.value)["id"] if entry is not None else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def prune_records(etcd: Etcd, job: str) -> list[str]:
+    """Delete the job records of checkpoints older than the latest that no shard keeps any more
+    (shards prune their own); returns their ids."""
+    newest = latest(etcd, job)
+    if newest is None:
+        return []
+    keys = EtcdKeys(job)
+    parts: dict[str, set[str]] = {}
+    for entry in etcd.range(keys.checkpoints_prefix, keys_only=True):
+        path = entry.key[len(keys.checkpoints_prefix):].split("/")
+        if len(path) >= 2:
+            parts.setdefault(path[0], set()).add(path[1])
+    gone = [cid for cid, names in parts.items() if cid < newest and names <= {"job", "rolled"}]
+    for cid in gone:
+        etcd.delete_prefix(keys.checkpoint(cid))
+    return sorted(gone)
