@@ -37,7 +37,8 @@ import time
 import uuid
 from dataclasses import dataclass, replace
 
-from streamtrain.jobstate.etcd import Etcd, absent, delete_op, put_op, value_is
+from streamtrain.jobstate import queue
+from streamtrain.jobstate.etcd import MAX_TXN_OPS, Etcd, Op, absent, delete_op, delete_prefix_op, put_op, value_is
 from streamtrain.schemas import EtcdKeys, SchemaError, TaskRecord
 
 JOB_RECORD_VERSION = 1
@@ -64,6 +65,29 @@ def job_record(etcd: Etcd, keys: EtcdKeys) -> bytes:
         "done": [json.loads(e.value) for e in done], "failed": [json.loads(e.value) for e in failed],
         "state": json.loads(state[0].value) if state else None,
     }).encode()
+
+
+def restore_batches(keys: EtcdKeys, record: bytes) -> list[list[Op]]:
+    """The writes that put the cursors, task queues and job state back as `record` (of
+    `job_record`) has them, in transactions of at most MAX_TXN_OPS: clear, then cursors, done,
+    failed and state, then the tasks to do in rounds, as the slicer writes them, so that claims
+    keep to the order of the input."""
+    saved = json.loads(record)
+    ops = [put_op(keys.cursor(c["topic"], c["partition"]), json.dumps(c).encode()) for c in saved["cursors"]]
+    readable: list[TaskRecord] = []
+    for t in saved["todo"]:
+        try:
+            readable.append(TaskRecord.from_json(json.dumps(t)))
+        except SchemaError:  # restored as it was saved, and logged wherever it is read
+            ops.append(put_op(keys.task("todo", t["task_id"]), json.dumps(t).encode()))
+    for state in ("done", "failed"):
+        ops += [put_op(keys.task(state, t["task_id"]), json.dumps(t).encode()) for t in saved[state]]
+    if saved.get("state") is not None:
+        ops.append(put_op(keys.state, json.dumps(saved["state"]).encode()))
+    todo = [put_op(keys.task("todo", t.task_id), t.to_json()) for round_ in queue.rounds_of(readable) for t in round_]
+    clear: list[Op] = [delete_prefix_op(keys.tasks_prefix), delete_prefix_op(keys.cursors_prefix), delete_op(keys.state)]
+    return [clear] + [ops[i:i + MAX_TXN_OPS - 1] for i in range(0, len(ops), MAX_TXN_OPS - 1)] \
+        + [todo[i:i + MAX_TXN_OPS] for i in range(0, len(todo), MAX_TXN_OPS)]
 
 
 def _released(value: bytes) -> dict:

@@ -18,9 +18,10 @@ from dataclasses import dataclass, replace
 
 from streamtrain.infra import Endpoints
 from streamtrain.jobstate import queue
+from streamtrain.jobstate.checkpoints import restore_batches
 from streamtrain.jobstate.config import JobConfig
 from streamtrain.jobstate.errors import CoordinationError, NotLeaderError
-from streamtrain.jobstate.etcd import (MAX_TXN_OPS, Entry, Etcd, Op, absent, delete_op, delete_prefix_op,
+from streamtrain.jobstate.etcd import (MAX_TXN_OPS, Entry, Etcd, Op, absent, delete_op,
                                        mod_revision_is, nested_succeeded, put_op, txn_op)
 from streamtrain.jobstate.observability import MasterMetrics
 from streamtrain.jobstate.offsets import InputOffsets, InputUnavailableError, Partition
@@ -156,27 +157,8 @@ class Master:
         if manifest is None:
             log.error("rollback to %s: no job manifest in etcd; ignoring the request", doc["to"])
             return
-        saved = json.loads(manifest.value)
-        self._write([delete_prefix_op(self.keys.tasks_prefix), delete_prefix_op(self.keys.cursors_prefix),
-                     delete_op(self.keys.state)])
-        ops = [put_op(self.keys.cursor(c["topic"], c["partition"]), json.dumps(c).encode())
-               for c in saved["cursors"]]
-        readable: list[TaskRecord] = []
-        for t in saved["todo"]:
-            try:
-                readable.append(TaskRecord.from_json(json.dumps(t)))
-            except SchemaError:  # restored as it was saved, and logged wherever it is read
-                ops.append(put_op(self.keys.task("todo", t["task_id"]), json.dumps(t).encode()))
-        for state in ("done", "failed"):
-            ops += [put_op(self.keys.task(state, t["task_id"]), json.dumps(t).encode()) for t in saved[state]]
-        if saved.get("state") is not None:
-            ops.append(put_op(self.keys.state, json.dumps(saved["state"]).encode()))
-        for i in range(0, len(ops), MAX_TXN_OPS - 1):
-            self._write(ops[i:i + MAX_TXN_OPS - 1])
-        # In rounds, as the slicer writes them, so that claims keep to the order of the input.
-        todo = [t for round_ in queue.rounds_of(readable) for t in round_]
-        for i in range(0, len(todo), MAX_TXN_OPS):
-            self._write([put_op(self.keys.task("todo", t.task_id), t.to_json()) for t in todo[i:i + MAX_TXN_OPS]])
+        for ops in restore_batches(self.keys, manifest.value):
+            self._write(ops)
         self._write([put_op(self.keys.control("rollback"), json.dumps({**doc, "phase": "shards"}).encode())])
         self._observed.clear()
         self._head_since.clear()
