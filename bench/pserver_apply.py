@@ -39,7 +39,7 @@ from streamtrain.jobstate.optimizers import Adagrad
 from streamtrain.jobstate.rows import row_view
 from streamtrain.pserver.dedup import Dedup
 from streamtrain.pserver.publisher import Publisher
-from streamtrain.pserver.shard import BackgroundPublisher
+from streamtrain.pserver.publishing import BackgroundPublisher
 from streamtrain.pserver.state import Changes, ShardState
 from streamtrain.schemas import GradientDelta, SparseRows, TaskRecord
 
