@@ -586,7 +586,8 @@ class JobConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> JobConfig:
-        """Read, parse and validate the job file at ``path``.
+        """Read, parse and validate the job file at ``path``: TOML, or the JSON of ``to_json``
+        if its name ends in ``.json`` (what `LocalJob` hands its master).
 
         Raises:
             JobConfigError: the file cannot be read or is not UTF-8 (naming the path), or
@@ -602,6 +603,8 @@ class JobConfig:
             text = raw.decode("utf-8-sig")
         except UnicodeDecodeError as exc:
             raise JobConfigError(None, f"not UTF-8 text (bad byte at offset {exc.start})", source) from exc
+        if Path(path).suffix == ".json":
+            return cls.from_json(text, source)
         return cls.from_toml(text, source)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:

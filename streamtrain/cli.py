@@ -481,12 +481,11 @@ def job_run_cmd(
     processes under a restarting supervisor, with a status line every few seconds, until
     Ctrl-C/SIGTERM. The services and input topics must already exist (`streamtrain up`)."""
     from streamtrain.jobrun import run_job
+    from streamtrain.local import LocalJob
 
     config = _load_config(job)
-    endpoints = Endpoints.resolve()
     try:
-        summary = run_job(endpoints, job.resolve(), config, console, trainers=trainers,
-                          log_dir=log_dir or state_home() / "jobs" / config.name / "logs")
+        summary = run_job(LocalJob(config, trainers=trainers, log_dir=log_dir, job_file=job.resolve()), console)
     except InfraError as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from exc

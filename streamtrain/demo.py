@@ -4,7 +4,7 @@
    `demo.examples` (2 partitions) is created and a job file for a fresh job `demo-<timestamp>` is
    written into the state dir: online input, logistic regression on the click model's fields,
    2 pserver shards checkpointing to `<state dir>/demo/<job>/ckpt`.
-2. A supervisor starts the job's processes as `python -m streamtrain …` children, each logging to
+2. A `LocalJob` starts the job's processes as `python -m streamtrain …` children, each logging to
    `<state dir>/demo/<job>/logs/<name>.log`: the synthetic click producer (labelled examples at
    ~2000/s), the master, 2 pservers and 2 trainers; it restarts any that exits unexpectedly.
 3. A live view (or, `--headless`, a line every few seconds) shows lag, tasks, throughput,
@@ -33,8 +33,6 @@ INPUT_PARTITIONS = 2
 PRODUCER_RATE = 2000.0
 PSERVERS = 2
 TRAINERS = 2
-REFRESH_S = 0.5
-HEADLINE_EVERY_S = 5.0
 
 
 @dataclass
@@ -45,7 +43,7 @@ class DemoSummary:
     applied: int | None  # applied exactly once by every pserver shard
     auc: float | None  # final rolling prequential AUC
     loss: float | None
-    first_auc_s: float | None  # seconds from the demo's start until the first AUC was shown
+    first_auc_s: float | None  # seconds from the job's start until the first AUC was shown
     auc_at: dict[int, float | None]  # rolling AUC as shown at 30, 60, 90, 120 … s
     tasks: dict[str, int]
     restarts: dict[str, int]
@@ -148,15 +146,10 @@ def produced(endpoints: Endpoints, timeout_s: float = 15.0) -> int:
         consumer.close()
 
 
-def start_children(supervisor, plan: DemoPlan, endpoints: Endpoints) -> None:
-    supervisor.add("master", ["master", "--job", str(plan.job_file)])
-    for i in range(PSERVERS):
-        supervisor.add(f"pserver-{i}", ["pserver", "--job", plan.job, "--index", str(i)])
-    for i in range(TRAINERS):
-        supervisor.add(f"trainer-{i}", ["trainer", "--job", plan.job, "--id", f"trainer-{i}"])
-    supervisor.add("producer", lambda: [
-        "produce", "synthetic", "--labelled", "--topic", INPUT_TOPIC, "--rate", str(PRODUCER_RATE),
-        "--partitions", str(INPUT_PARTITIONS), "--start", str(produced(endpoints))])
+def producer_args(endpoints: Endpoints) -> list[str]:
+    """The synthetic producer's command, resuming after the records already in the topic."""
+    return ["produce", "synthetic", "--labelled", "--topic", INPUT_TOPIC, "--rate", str(PRODUCER_RATE),
+            "--partitions", str(INPUT_PARTITIONS), "--start", str(produced(endpoints))]
 
 
 def run_demo(target: LocalServices | Endpoints, console: Console, *, home: Path | None = None,
@@ -170,8 +163,9 @@ def run_demo(target: LocalServices | Endpoints, console: Console, *, home: Path 
     the dir for the job file, logs and checkpoints. `on_tick(elapsed_s, supervisor)` is called
     on every refresh (tests use it to inject faults).
     """
-    from streamtrain.live import JobMonitor, headline, render
-    from streamtrain.supervisor import pid_alive
+    from streamtrain.jobstate.config import JobConfig
+    from streamtrain.live import follow, headlines, render
+    from streamtrain.local import LocalJob
 
     started = time.monotonic()
     console.rule("streamtrain demo")
@@ -191,7 +185,7 @@ def run_demo(target: LocalServices | Endpoints, console: Console, *, home: Path 
             raise ValueError("run_demo: give `home` (the state dir) with explicit endpoints")
     stop = threading.Event()
     restore = handle_stop_signals(stop)
-    supervisor = monitor = None
+    running: LocalJob | None = None
     snap = None
     events: list[str] = []
     try:
@@ -199,65 +193,34 @@ def run_demo(target: LocalServices | Endpoints, console: Console, *, home: Path 
         console.print(f"job    {plan.job}", highlight=False)
         console.print(f"file   {plan.job_file}", highlight=False, soft_wrap=True)
         console.print(f"logs   {plan.log_dir}", highlight=False, soft_wrap=True)
-        supervisor = Supervisor(endpoints.env(), plan.log_dir)
-        start_children(supervisor, plan, endpoints)
-        monitor = JobMonitor(endpoints, plan.job, PSERVERS, started)
+        running = LocalJob(JobConfig.load(plan.job_file), trainers=TRAINERS, endpoints=endpoints,
+                           log_dir=plan.log_dir, job_file=plan.job_file).start()
+        running.add("producer", lambda: producer_args(endpoints))
         deadline = None if duration is None else started + duration
         if headless:
-            snap = _loop_headless(console, supervisor, monitor, stop, deadline, events, headline, on_tick)
+            snap = follow(running, stop, deadline, events, headlines(console, running.supervisor, events), on_tick)
         else:
             with Live(console=console, refresh_per_second=2, transient=False) as live:
                 def show(s):
-                    live.update(render(s, supervisor, plan.job, events))
-                snap = _loop(supervisor, monitor, stop, deadline, events, show, on_tick)
+                    live.update(render(s, running.supervisor, plan.job, events))
+                snap = follow(running, stop, deadline, events, show, on_tick)
     finally:
-        killed = supervisor.stop() if supervisor is not None else []
-        if monitor is not None:
-            try:
-                snap = monitor.sample()  # the last metrics committed before the children stopped
-            except Exception:  # noqa: BLE001
-                pass
-            monitor.close()
+        result = running.stop() if running is not None else None
         if local is not None and not keep_running:
             console.print(f"stopped: {', '.join(local.down()) or 'nothing'}")
         restore()  # only now: a second Ctrl-C must not interrupt the clean-up
-    pids = supervisor.all_pids()
+    snap = running.final_status or snap
+    monitor = running.monitor
     summary = DemoSummary(
         job=plan.job, duration_s=round(time.monotonic() - started, 1),
         examples=snap.examples if snap else 0, applied=snap.applied if snap else None,
         auc=snap.auc if snap else None, loss=snap.loss if snap else None,
         first_auc_s=None if monitor.first_auc_s is None else round(monitor.first_auc_s, 1),
         auc_at=_auc_at(monitor.auc_history, snap.elapsed_s if snap else 0),
-        tasks=dict(snap.queues) if snap else {}, restarts=supervisor.restarts, pids=pids,
-        killed=killed, stray=[p for p in pids if pid_alive(p)],
-        state_dir=str(home), log_dir=str(plan.log_dir))
+        tasks=dict(snap.queues) if snap else {}, restarts=result.restarts, pids=result.pids,
+        killed=result.killed, stray=result.stray, state_dir=str(home), log_dir=str(plan.log_dir))
     print_summary(console, summary)
     return summary
-
-
-def _loop(supervisor, monitor, stop, deadline, events, show, on_tick=None):
-    snap = None
-    while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
-        if on_tick is not None:
-            on_tick(time.monotonic() - monitor.started, supervisor)
-        events.extend(supervisor.poll())
-        snap = monitor.sample()
-        show(snap)
-        stop.wait(REFRESH_S if deadline is None else max(0.0, min(REFRESH_S, deadline - time.monotonic())))
-    return snap
-
-
-def _loop_headless(console, supervisor, monitor, stop, deadline, events, headline, on_tick=None):
-    last = [0.0]
-
-    def show(snap):
-        while events:
-            console.print(f"event: {events.pop(0)}", highlight=False, markup=False)
-        if time.monotonic() - last[0] >= HEADLINE_EVERY_S:
-            last[0] = time.monotonic()
-            console.print(headline(snap, supervisor), highlight=False, markup=False, soft_wrap=True)
-
-    return _loop(supervisor, monitor, stop, deadline, events, show, on_tick)
 
 
 def _auc_at(history: list[tuple[float, float]], elapsed: float, every: int = 30) -> dict[int, float | None]:

@@ -1,5 +1,6 @@
-"""The demo's view of a running job: what it reads (`JobMonitor`) and how it shows it (`render`
-for the rich live table, `headline` for the one-line headless log).
+"""The view of a running job: what it reads (`JobMonitor`), how it shows it (`render` for the
+rich live table, `headline` for the one-line headless log) and the loop that refreshes it
+(`follow`), for `streamtrain demo` and `streamtrain job run`.
 
 Sources, all read-only:
 - `jobstate.status.job_status`: task queues, per-partition lag (stable end − trained watermark);
@@ -13,9 +14,12 @@ from __future__ import annotations
 
 import json
 import statistics
+import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rich import box
 from rich.console import Group
@@ -25,6 +29,13 @@ from rich.text import Text
 from streamtrain.infra import Endpoints
 from streamtrain.supervisor import Supervisor
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from streamtrain.local import LocalJob
+
+REFRESH_S = 0.5
+HEADLINE_EVERY_S = 5.0
 ROLLING_TASKS = 20
 RATE_WINDOW_S = 10.0
 
@@ -167,6 +178,37 @@ class JobMonitor:
             snap.timings = {k: statistics.fmean(d.get(k) or 0.0 for d in recent)
                             for k in ("pull_s", "compute_s", "push_s")}
         return snap
+
+
+def follow(job: LocalJob, stop: threading.Event, deadline: float | None, events: list[str],
+           show: Callable[[Snapshot], None],
+           on_tick: Callable[[float, Supervisor], None] | None = None) -> Snapshot | None:
+    """Refresh the view of `job` every REFRESH_S until `stop` is set or the monotonic `deadline`
+    passes; the children's events are added to `events`. Returns the last snapshot."""
+    snap = None
+    while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+        if on_tick is not None:
+            on_tick(time.monotonic() - job.monitor.started, job.supervisor)
+        events.extend(job.events())
+        snap = job.status()
+        show(snap)
+        stop.wait(REFRESH_S if deadline is None else max(0.0, min(REFRESH_S, deadline - time.monotonic())))
+    return snap
+
+
+def headlines(console: Console, supervisor: Supervisor, events: list[str]) -> Callable[[Snapshot], None]:
+    """A `show` for `follow` without a screen: each event as it comes, a headline every
+    HEADLINE_EVERY_S."""
+    last = [0.0]
+
+    def show(snap: Snapshot) -> None:
+        while events:
+            console.print(f"event: {events.pop(0)}", highlight=False, markup=False)
+        if time.monotonic() - last[0] >= HEADLINE_EVERY_S:
+            last[0] = time.monotonic()
+            console.print(headline(snap, supervisor), highlight=False, markup=False, soft_wrap=True)
+
+    return show
 
 
 # ------------------------------------------------------------------------------ rendering

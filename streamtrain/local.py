@@ -1,0 +1,210 @@
+"""A whole job on this machine, from Python: `LocalJob`.
+
+    from streamtrain import JobConfig, LocalJob
+
+    config = JobConfig.load("job.toml")
+    with LocalJob(config, trainers=2) as job:   # master, shards and trainers start here
+        job.wait_finished(timeout_s=600)        # a bounded job: its last pass is trained
+        print(job.status().examples, job.status().auc)
+        checkpoint = job.checkpoint()           # a rollback target, taken while it trains
+    # leaving the block stops every process: SIGTERM, a grace period, SIGKILL
+
+The job's processes are `python -m streamtrain …` children of one restarting supervisor
+(`streamtrain.supervisor`): one master, `pservers.count` shards pinned to their indexes and N
+trainers, each with the endpoints in its environment and its output in `<log dir>/<name>.log`.
+A thread of this process restarts a child that exits; nothing needs to be called for that, so
+a notebook cell can return while the job trains. The services (`streamtrain up`) and the input
+topic must exist. `streamtrain job run` and `streamtrain demo` are built on this class.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from streamtrain.infra import Endpoints
+from streamtrain.infra.endpoints import state_home
+from streamtrain.jobstate.config import JobConfig
+from streamtrain.supervisor import Supervisor, pid_alive
+
+if TYPE_CHECKING:
+    from streamtrain.checkpoints import Checkpoint
+    from streamtrain.live import JobMonitor, Snapshot
+
+POLL_S = 0.2  # how soon an exited child is noticed (its restart backoff starts then)
+
+
+@dataclass
+class LocalJobResult:
+    job: str
+    duration_s: float
+    state: str | None  # the job's state in etcd at the end: running | finished | None
+    tasks: dict[str, int]
+    restarts: dict[str, int]
+    pids: list[int]  # every child process the supervisor ever started
+    killed: list[str]  # children that needed SIGKILL
+    stray: list[int]  # child pids still alive at the end: should always be empty
+    log_dir: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class LocalJob:
+    """`config`'s job as local processes. `job_file`: the file the master reads (default: the
+    config written as JSON into the log dir); `log_dir` defaults to
+    `<state dir>/jobs/<job>/logs`; `endpoints` to `Endpoints.resolve()`."""
+
+    def __init__(self, config: JobConfig, *, trainers: int = 2, endpoints: Endpoints | None = None,
+                 log_dir: Path | None = None, job_file: Path | None = None) -> None:
+        if trainers < 0:
+            raise ValueError(f"LocalJob: trainers must be >= 0, got {trainers}")
+        self.config = config
+        self.trainers = trainers
+        self.endpoints = endpoints or Endpoints.resolve()
+        self.log_dir = log_dir or state_home() / "jobs" / config.name / "logs"
+        self.job_file = job_file
+        self.supervisor: Supervisor | None = None
+        self.monitor: JobMonitor | None = None  # the status view's reader, from start()
+        self._events: list[str] = []
+        self._lock = threading.Lock()
+        self._halt = threading.Event()
+        self._poller: threading.Thread | None = None
+        self._started = 0.0
+        self.result: LocalJobResult | None = None
+        self.final_status: Snapshot | None = None  # read as the children stopped
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    # -- life cycle ----------------------------------------------------------------------
+    def start(self) -> LocalJob:
+        """Start the master, the shards and the trainers. Raises InfraError if a service is
+        not reachable."""
+        from streamtrain.infra.clients import TopicSpec, ensure_topics
+        from streamtrain.live import JobMonitor
+        from streamtrain.schemas import Topics
+
+        if self.supervisor is not None:
+            raise RuntimeError(f"LocalJob {self.name!r} already started")
+        self._started = time.monotonic()
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.job_file is None:
+            self.job_file = self.log_dir / f"{self.name}.job.json"
+            self.job_file.write_bytes(self.config.to_json())
+        # The metrics topic as trainers would create it, so the status can be read from the start.
+        ensure_topics(self.endpoints, [TopicSpec(Topics(self.name).metrics)])
+        self.supervisor = Supervisor(self.endpoints.env(), self.log_dir)
+        self.supervisor.add("master", ["master", "--job", str(self.job_file)])
+        for i in range(self.config.pservers.count):
+            self.supervisor.add(f"pserver-{i}", ["pserver", "--job", self.name, "--index", str(i)])
+        for i in range(self.trainers):
+            self.supervisor.add(f"trainer-{i}", ["trainer", "--job", self.name, "--id", f"trainer-{i}"])
+        self.monitor = JobMonitor(self.endpoints, self.name, self.config.pservers.count, self._started)
+        self._poller = threading.Thread(target=self._poll, name=f"{self.name}-supervisor", daemon=True)
+        self._poller.start()
+        return self
+
+    def add(self, name: str, args: list[str] | object) -> None:
+        """Another `python -m streamtrain ARGS` child under the same supervisor, restarted the
+        same way (the demo's producer); `args` may be a callable evaluated at every start."""
+        if self.supervisor is None:
+            raise RuntimeError(f"LocalJob {self.name!r}: start() first")
+        with self._lock:
+            self.supervisor.add(name, args)  # type: ignore[arg-type]
+
+    def stop(self) -> LocalJobResult:
+        """Stop every child (SIGTERM, the grace period, SIGKILL) and return what happened.
+        Idempotent."""
+        if self.result is not None:
+            return self.result
+        self._halt.set()
+        if self._poller is not None:
+            self._poller.join()
+        supervisor = self.supervisor
+        killed = supervisor.stop() if supervisor is not None else []
+        state = None
+        if self.monitor is not None:
+            try:
+                # The last metrics the children committed before they stopped.
+                self.final_status = self.monitor.sample()
+                state = self.state()
+            except Exception:  # noqa: BLE001  a result even with a service away
+                pass
+            self.monitor.close()
+        pids = supervisor.all_pids() if supervisor is not None else []
+        self.result = LocalJobResult(
+            job=self.name, duration_s=round(time.monotonic() - self._started, 1), state=state,
+            tasks=dict(self.final_status.queues) if self.final_status else {},
+            restarts=supervisor.restarts if supervisor is not None else {}, pids=pids, killed=killed,
+            stray=[p for p in pids if pid_alive(p)], log_dir=str(self.log_dir))
+        return self.result
+
+    def __enter__(self) -> LocalJob:
+        return self.start() if self.supervisor is None else self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def _poll(self) -> None:
+        while not self._halt.wait(POLL_S):
+            with self._lock:
+                events = self.supervisor.poll()
+                self._events.extend(events)
+
+    # -- while it runs -------------------------------------------------------------------
+    def events(self) -> list[str]:
+        """What happened to the children since the last call (exits, restarts), oldest first."""
+        with self._lock:
+            events, self._events = self._events, []
+        return events
+
+    def status(self) -> Snapshot:
+        """Queues, members, examples trained, rolling AUC and loss, shard stats (`streamtrain.live`)."""
+        return self._running_monitor().sample()
+
+    def state(self) -> str | None:
+        """The job's state in etcd: "running", "finished" (a bounded job's last pass), or None."""
+        from streamtrain.schemas import EtcdKeys
+
+        entry = self._running_monitor().etcd.get(EtcdKeys(self.name).state)
+        try:
+            return json.loads(entry.value).get("state") if entry is not None else None
+        except (ValueError, AttributeError):
+            return None
+
+    def wait_finished(self, timeout_s: float | None = None, stop: threading.Event | None = None,
+                      poll_s: float = 1.0) -> bool:
+        """Wait until a bounded job has trained its last pass; False if `timeout_s` passed or
+        `stop` was set first."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        stop = stop or threading.Event()
+        while self.state() != "finished":
+            left = poll_s if deadline is None else min(poll_s, deadline - time.monotonic())
+            if left <= 0 or stop.wait(left):
+                return False
+        return True
+
+    def checkpoint(self, wait_s: float = 60.0) -> Checkpoint:
+        """A job-wide checkpoint, taken while the trainers train (`streamtrain checkpoint`)."""
+        from streamtrain.checkpoints import request_checkpoint
+
+        return request_checkpoint(self._running_monitor().etcd, self.name, wait_s)
+
+    def rollback(self, checkpoint_id: str, wait_s: float = 120.0) -> None:
+        """Return the whole job to a job-wide checkpoint (`streamtrain rollback`)."""
+        from streamtrain.checkpoints import rollback
+
+        rollback(self._running_monitor().etcd, self.name, checkpoint_id, wait_s)
+
+    def _running_monitor(self) -> JobMonitor:
+        if self.monitor is None or self.result is not None:
+            raise RuntimeError(f"LocalJob {self.name!r} is not running")
+        return self.monitor
