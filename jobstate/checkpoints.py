@@ -35,11 +35,11 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from streamtrain.jobstate import queue
 from streamtrain.jobstate.etcd import MAX_TXN_OPS, Etcd, Op, absent, delete_op, delete_prefix_op, put_op, value_is
-from streamtrain.schemas import EtcdKeys, SchemaError, TaskRecord
+from streamtrain.schemas import CheckpointRequest, EtcdKeys, LatestCheckpoint, SchemaError, TaskRecord
 
 JOB_RECORD_VERSION = 1
 
@@ -101,42 +101,21 @@ def _released(value: bytes) -> dict:
 
 def ask(etcd: Etcd, job: str) -> bytes | None:
     """Ask the master for a checkpoint: `control/checkpoint` without an id, unless a request
-    is there already (then None: try again once it is gone). Returns the value, for `asked`."""
-    value = json.dumps({"ask": uuid.uuid4().hex, "at": time.time()}).encode()
+    is there already (then None: try again once it is gone). Returns the value, for `request`
+    and `withdraw`."""
+    value = CheckpointRequest(ask=uuid.uuid4().hex, at=time.time()).to_json()
     key = EtcdKeys(job).control("checkpoint")
     ok, _ = etcd.txn([absent(key)], [put_op(key, value)])
     return value if ok else None
 
 
-@dataclass(frozen=True)
-class Request:
-    """The value of `control/checkpoint`: asked for (`id` None), or requested of the shards."""
-
-    id: str | None
-    ask: str | None
-
-    @classmethod
-    def parse(cls, value: bytes) -> Request:
-        """Raises SchemaError naming what is wrong."""
-        try:
-            doc = json.loads(value)
-            checkpoint_id, nonce = doc.get("id"), doc.get("ask")
-        except (ValueError, AttributeError) as exc:
-            raise SchemaError("control/checkpoint", "", f"not a JSON object: {value[:80]!r}") from exc
-        if checkpoint_id is None and nonce is None:
-            raise SchemaError("control/checkpoint", "id", f"neither an id nor an ask: {value[:80]!r}")
-        if checkpoint_id is not None:
-            EtcdKeys("_").checkpoint(checkpoint_id)  # a well-formed id, or SchemaError
-        return cls(checkpoint_id, nonce if isinstance(nonce, str) else None)
-
-
 def request(etcd: Etcd, job: str, checkpoint_id: str, asked: bytes | None = None) -> bytes | None:
     """Step 2: ask every shard for checkpoint `checkpoint_id`, in place of the ask `asked` (its
-    id is kept, so the asker can follow). Returns the request's value, for `withdraw`; None if
-    `asked` was withdrawn meanwhile."""
+    nonce is kept, so the asker can follow). Returns the request's value, for `withdraw`; None
+    if `asked` was withdrawn meanwhile."""
     key = EtcdKeys(job).control("checkpoint")
-    nonce = Request.parse(asked).ask if asked is not None else None
-    value = json.dumps({"id": checkpoint_id, **({"ask": nonce} if nonce else {})}).encode()
+    nonce = CheckpointRequest.from_json(asked).ask if asked is not None else None
+    value = CheckpointRequest(checkpoint_id, nonce, time.time()).to_json()
     ok, _ = etcd.txn([value_is(key, asked) if asked is not None else absent(key)], [put_op(key, value)])
     return value if ok else None
 
@@ -150,9 +129,8 @@ def missing_shards(etcd: Etcd, job: str, checkpoint_id: str, shards: int) -> lis
 def complete(etcd: Etcd, job: str, request: bytes, shards: int) -> float:
     """Step 3: the checkpoint `request` asked the shards for is the newest rollback target (an
     asker knows it by its ask). Returns when it was named so."""
-    asked, at = Request.parse(request), time.time()
-    etcd.put(EtcdKeys(job).checkpoints_latest, json.dumps(
-        {"id": asked.id, "shards": shards, "at": at, **({"ask": asked.ask} if asked.ask else {})}).encode())
+    asked, at = CheckpointRequest.from_json(request), time.time()
+    etcd.put(EtcdKeys(job).checkpoints_latest, LatestCheckpoint(asked.id, shards, at, asked.ask).to_json())
     return at
 
 
@@ -166,8 +144,8 @@ def withdraw(etcd: Etcd, job: str, value: bytes) -> None:
 def latest(etcd: Etcd, job: str) -> str | None:
     entry = etcd.get(EtcdKeys(job).checkpoints_latest)
     try:
-        return json.loads(entry.value)["id"] if entry is not None else None
-    except (ValueError, KeyError, TypeError):
+        return LatestCheckpoint.from_json(entry.value).id if entry is not None else None
+    except SchemaError:
         return None
 
 

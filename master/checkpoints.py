@@ -16,7 +16,7 @@ from typing import Literal
 
 from streamtrain.jobstate import checkpoints as cut
 from streamtrain.jobstate.etcd import Etcd
-from streamtrain.schemas import SchemaError
+from streamtrain.schemas import CheckpointRequest, SchemaError
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class PeriodicCheckpoints:
             # An ask, or a predecessor's request: seen through like one of ours, so that a
             # request whose taker died is withdrawn in the end.
             try:
-                checkpoint_id = cut.Request.parse(request).id
+                checkpoint_id = CheckpointRequest.from_json(request).id
             except SchemaError as exc:
                 log.warning("withdrawing %s", exc)
                 cut.withdraw(self.etcd, self.job, request)

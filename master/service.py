@@ -30,7 +30,7 @@ from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.master import plan
 from streamtrain.master.checkpoints import PeriodicCheckpoints
 from streamtrain.master.leader import LeaderLock
-from streamtrain.schemas import EtcdKeys, PartitionCursor, SchemaError, TaskRecord
+from streamtrain.schemas import EtcdKeys, PartitionCursor, RollbackRequest, SchemaError, TaskRecord
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +129,8 @@ class Master:
             self.keys.trainers_prefix, self.keys.ps_prefix, self.keys.control("rollback"),
             self.keys.control("pause"), self.keys.control("checkpoint"),
         ])
-        if rollback and json.loads(rollback[0].value).get("phase") == "master":
-            self._roll_back(rollback[0].value)
+        if rollback and (request := self._rollback_request(rollback[0].value)) and request.phase == "master":
+            self._roll_back(request)
             return
         checkpointing = self.checkpoints.step(request=checkpoint[0].value if checkpoint else None,
                                               busy=bool(rollback or pause))
@@ -148,22 +148,29 @@ class Master:
             self._advance_pass(todo, pending)
 
     # -- rollback ------------------------------------------------------------------------
-    def _roll_back(self, request: bytes) -> None:
+    @staticmethod
+    def _rollback_request(value: bytes) -> RollbackRequest | None:
+        try:
+            return RollbackRequest.from_json(value)
+        except SchemaError as exc:
+            log.error("ignoring %s", exc)
+            return None
+
+    def _roll_back(self, request: RollbackRequest) -> None:
         """Put cursors, task queues and job state back as a job-wide checkpoint recorded them
         (streamtrain/checkpoints.py); then hand over to the shards. Idempotent: a master that
         dies half-way leaves the phase at "master" and the next one starts over."""
-        doc = json.loads(request)
-        manifest = self.etcd.get(self.keys.checkpoint_job(doc["to"]))
+        manifest = self.etcd.get(self.keys.checkpoint_job(request.to))
         if manifest is None:
-            log.error("rollback to %s: no job manifest in etcd; ignoring the request", doc["to"])
+            log.error("rollback to %s: no job manifest in etcd; ignoring the request", request.to)
             return
         for ops in restore_batches(self.keys, manifest.value):
             self._write(ops)
-        self._write([put_op(self.keys.control("rollback"), json.dumps({**doc, "phase": "shards"}).encode())])
+        self._write([put_op(self.keys.control("rollback"), request.next_phase().to_json())])
         self._observed.clear()
         self._head_since.clear()
         self._load()
-        log.warning("rolled back cursors and tasks to checkpoint %s; shards next", doc["to"])
+        log.warning("rolled back cursors and tasks to checkpoint %s; shards next", request.to)
 
     # -- slicing -------------------------------------------------------------------------
     def _slice(self, todo_count: int, now: float) -> None:

@@ -28,7 +28,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 
 from streamtrain.infra import Endpoints
 from streamtrain.infra.clients import TopicSpec, ensure_topics, redis_client
-from streamtrain.jobstate.checkpoints import Request, new_checkpoint_id
+from streamtrain.jobstate.checkpoints import new_checkpoint_id
 from streamtrain.jobstate.config import JobConfig
 from streamtrain.jobstate.errors import CoordinationError, MasterError
 from streamtrain.jobstate.etcd import Etcd
@@ -42,7 +42,8 @@ from streamtrain.pserver.checkpoint import CheckpointStore
 from streamtrain.pserver.publisher import Publisher
 from streamtrain.pserver.publishing import BackgroundPublisher
 from streamtrain.pserver.state import BadDeltaError, ShardState
-from streamtrain.schemas import DeadLetter, EtcdKeys, GradientDelta, PartitionCursor, RedisKeys, SchemaError, Topics
+from streamtrain.schemas import (CheckpointRequest, DeadLetter, EtcdKeys, GradientDelta, LatestCheckpoint, PartitionCursor,
+                                RedisKeys, RollbackAck, RollbackRequest, SchemaError, ShardCheckpoint, Topics)
 
 log = logging.getLogger(__name__)
 
@@ -401,11 +402,9 @@ class PserverShard:
                                    checkpoint_id, keep_also=(*keep_also, *self._rollback_target()))
         self.checkpoint_id = manifest.checkpoint_id
         self.counters.checkpoints += 1
-        self.etcd.put(self.keys.checkpoint_shard(manifest.checkpoint_id, self.index), json.dumps({
-            "uri": self.store.uri, "shard": self.index, "grad_offset": resume,
-            "created_at": manifest.created_at, "optimizer": manifest.optimizer,
-            "rows": {name: t.size for name, t in self.state.tables.items()},
-        }).encode())
+        self.etcd.put(self.keys.checkpoint_shard(manifest.checkpoint_id, self.index), ShardCheckpoint(
+            self.index, self.store.uri, resume, manifest.created_at, manifest.optimizer,
+            {name: t.size for name, t in self.state.tables.items()}).to_json())
         self._forget_pruned()
         self.metrics.checkpoint_seconds.observe(time.monotonic() - started)
         log.info("shard %d: checkpoint %s at offset %d in %.2f s", self.index, manifest.checkpoint_id,
@@ -417,8 +416,8 @@ class PserverShard:
         must not prune what `rollback --to latest` returns to."""
         entry = self.etcd.get(self.keys.checkpoints_latest)
         try:
-            return (json.loads(entry.value)["id"],) if entry is not None else ()
-        except (ValueError, KeyError, TypeError):
+            return (LatestCheckpoint.from_json(entry.value).id,) if entry is not None else ()
+        except SchemaError:
             return ()
 
     def _forget_pruned(self) -> None:
@@ -441,7 +440,7 @@ class PserverShard:
         if not checkpoint:
             return
         try:
-            wanted = Request.parse(checkpoint[0].value).id
+            wanted = CheckpointRequest.from_json(checkpoint[0].value).id
         except SchemaError as exc:
             log.warning("shard %d: ignoring %s", self.index, exc)
             return
@@ -473,10 +472,14 @@ class PserverShard:
         loads it rather than the abandoned timeline, and does not replay the abandoned deltas
         either. A shard that dies before acknowledging rolls back again when it is back (the
         trainers stay paused until every shard has acknowledged, so the log end is the same)."""
-        doc = json.loads(request)
-        if doc.get("phase") != "shards":
+        try:
+            doc = RollbackRequest.from_json(request)
+        except SchemaError as exc:
+            log.warning("shard %d: ignoring %s", self.index, exc)
             return
-        to, ack = doc["to"], self.keys.checkpoint_rolled_back(doc["to"], self.index)
+        if doc.phase != "shards":
+            return
+        to, ack = doc.to, self.keys.checkpoint_rolled_back(doc.to, self.index)
         if self.etcd.get(ack) is not None:
             return
         restored = self.store.load(to, self.state.rule)
@@ -495,7 +498,7 @@ class PserverShard:
         after = f"{int(to) + 1:020d}" if to.isdigit() else ""
         self.checkpoint(max(new_checkpoint_id(), after), keep_also=(to,))
         log.info("shard %d: retired %d checkpoints newer than %s", self.index, len(retired), to)
-        self.etcd.put(ack, json.dumps({"shard": self.index, "grad_offset": end, "at": time.time()}).encode())
+        self.etcd.put(ack, RollbackAck(self.index, end, time.time()).to_json())
         log.warning("shard %d: rolled back to checkpoint %s; gradients before offset %d skipped",
                     self.index, to, end)
 

@@ -13,6 +13,7 @@ Byte-by-byte layouts: docs/schemas.md.
 """
 
 from .checkpoint import CheckpointManifest, FileEntry
+from .control import CheckpointRequest, LatestCheckpoint, PauseRequest, RollbackAck, RollbackRequest, ShardCheckpoint
 from .cursor import PartitionCursor
 from .deadletter import DeadLetter
 from .errors import SchemaError, StreamtrainError
@@ -27,18 +28,24 @@ __all__ = [
     "CONTROLS",
     "TASK_STATES",
     "CheckpointManifest",
+    "CheckpointRequest",
     "DeadLetter",
     "DenseSlice",
     "EtcdKeys",
     "Example",
     "FileEntry",
     "GradientDelta",
+    "LatestCheckpoint",
     "ParamBlock",
     "PartitionCursor",
+    "PauseRequest",
     "PublishedRound",
     "RedisKeys",
+    "RollbackAck",
+    "RollbackRequest",
     "RoundRows",
     "SchemaError",
+    "ShardCheckpoint",
     "StreamtrainError",
     "SparseRows",
     "TaskId",

@@ -19,13 +19,13 @@ applied: exactly what came after the checkpoint is replayed, once.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 
 from streamtrain.jobstate import checkpoints as cut
 from streamtrain.jobstate.etcd import Etcd
-from streamtrain.schemas import EtcdKeys, StreamtrainError
+from streamtrain.schemas import (CheckpointRequest, EtcdKeys, LatestCheckpoint, PauseRequest, RollbackRequest,
+                                StreamtrainError)
 
 
 class CheckpointError(StreamtrainError, RuntimeError):
@@ -72,7 +72,7 @@ class Paused:
         key = self.keys.control("pause")
         self._ours = self.etcd.get(key) is None
         if self._ours:
-            self.etcd.put(key, json.dumps({"by": self.why, "at": time.time()}).encode())
+            self.etcd.put(key, PauseRequest(self.why, time.time()).to_json())
         deadline = time.monotonic() + self.wait_s
         while self.etcd.count(self.keys.tasks("pending")):
             if time.monotonic() >= deadline:
@@ -106,16 +106,16 @@ def request_checkpoint(etcd: Etcd, job: str, wait_s: float = 60.0, poll_s: float
         if time.monotonic() >= deadline:
             raise CheckpointTimeout(job, "another checkpoint request stayed outstanding", wait_s)
         time.sleep(poll_s)
-    nonce, current = cut.Request.parse(asked).ask, asked
+    nonce, current = CheckpointRequest.from_json(asked).ask, asked
     checkpoint_id: str | None = None
     try:
         while True:
             named, entry = etcd.ranges([EtcdKeys(job).checkpoints_latest, key])
-            if named and (doc := json.loads(named[0].value)).get("ask") == nonce:
+            if named and (doc := LatestCheckpoint.from_json(named[0].value)).ask == nonce:
                 current = None  # the master withdrew it when it named it
-                return Checkpoint(doc["id"], n, doc["at"], time.monotonic() - started)
+                return Checkpoint(doc.id, n, doc.at, time.monotonic() - started)
             current = entry[0].value if entry else None
-            request = cut.Request.parse(current) if current is not None else None
+            request = CheckpointRequest.from_json(current) if current is not None else None
             if request is None or request.ask != nonce:
                 raise CheckpointError(f"job {job!r}: the master withdrew the checkpoint request (a "
                                       "rollback or pause began, or a shard did not take it in time; "
@@ -159,11 +159,11 @@ def rollback(etcd: Etcd, job: str, checkpoint_id: str, wait_s: float = 120.0, re
         # Acks left by an earlier rollback to the same checkpoint that did not clean up would
         # make shards skip this one (a shard rolling back twice while paused ends the same).
         etcd.delete_prefix(keys.checkpoint(checkpoint_id) + "rolled/")
-        etcd.put(control, json.dumps({"to": checkpoint_id, "phase": "master", "at": time.time()}).encode())
+        etcd.put(control, RollbackRequest(checkpoint_id, "master", time.time()).to_json())
         deadline = time.monotonic() + wait_s
         while True:
             entry = etcd.get(control)
-            phase = json.loads(entry.value).get("phase") if entry else None
+            phase = RollbackRequest.from_json(entry.value).phase if entry else None
             acked = [i for i in range(n) if etcd.get(keys.checkpoint_rolled_back(checkpoint_id, i))]
             if phase == "shards" and len(acked) == n:
                 break
@@ -177,5 +177,5 @@ def rollback(etcd: Etcd, job: str, checkpoint_id: str, wait_s: float = 120.0, re
             time.sleep(0.2)
         etcd.delete_prefix(control)
         # The shards retired every checkpoint after the target: it is the newest rollback target.
-        etcd.put(keys.checkpoints_latest, json.dumps({"id": checkpoint_id, "shards": n, "at": time.time()}).encode())
+        etcd.put(keys.checkpoints_latest, LatestCheckpoint(checkpoint_id, n, time.time()).to_json())
         etcd.delete_prefix(keys.checkpoint(checkpoint_id) + "rolled/")

@@ -398,7 +398,7 @@ def rollback_cmd(
     master requeues the tasks trained since, trainers train them again."""
     from streamtrain.checkpoints import CheckpointError, rollback
     from streamtrain.jobstate.etcd import Etcd
-    from streamtrain.schemas import EtcdKeys
+    from streamtrain.schemas import EtcdKeys, LatestCheckpoint
 
     name = _job_name(job)
     etcd = Etcd.connect(Endpoints.resolve())
@@ -407,7 +407,7 @@ def rollback_cmd(
             latest = etcd.get(EtcdKeys(name).checkpoints_latest)
             if latest is None:
                 raise CheckpointError(f"job {name!r} has no checkpoints/latest")
-            to = json.loads(latest.value)["id"]
+            to = LatestCheckpoint.from_json(latest.value).id
         rollback(etcd, name, to, wait_s, resume=not paused)
     except CheckpointError as exc:
         err.print(f"error: {exc}", markup=False, highlight=False)

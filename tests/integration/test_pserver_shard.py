@@ -20,7 +20,7 @@ from streamtrain.jobstate.paramstore import ParamClient, ParamsUnavailableError
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.pserver.shard import PserverShard, ShardOptions
 from streamtrain.pserver.state import ShardState
-from streamtrain.schemas import (DeadLetter, DenseSlice, EtcdKeys, GradientDelta, PartitionCursor, RedisKeys,
+from streamtrain.schemas import (CheckpointRequest, DeadLetter, DenseSlice, EtcdKeys, GradientDelta, PartitionCursor, RedisKeys,
                                  SparseRows, TaskRecord, Topics)
 
 pytestmark = pytest.mark.services
@@ -195,7 +195,7 @@ def test_a_rerun_committed_after_a_checkpoint_and_a_restart_is_applied_once(serv
         writer.write(first)
         shard = ShardThread(services, ShardOptions(job, 0, lease_ttl_s=2))
         wait_for(lambda: caught_up(services, redis_conn, job), 30, "first attempt applied")
-        coord.put(EtcdKeys(job).control("checkpoint"), json.dumps({"id": "manual-1"}).encode())
+        coord.put(EtcdKeys(job).control("checkpoint"), CheckpointRequest("manual-1").to_json())
         wait_for(lambda: coord.get(EtcdKeys(job).checkpoint_shard("manual-1", 0)) is not None, 30,
                  "requested checkpoint registered")
         shard.close()

@@ -1,13 +1,8 @@
-"""When the master takes a job-wide checkpoint (master/checkpoints.py `next_move`), and what a
-checkpoint request may say (jobstate/checkpoints.py `Request`)."""
+"""When the master takes a job-wide checkpoint (master/checkpoints.py `next_move`)."""
 
 from __future__ import annotations
 
-import pytest
-
-from streamtrain.jobstate.checkpoints import Request
 from streamtrain.master.checkpoints import PATIENCE_S, next_move
-from streamtrain.schemas import SchemaError
 
 
 def move(now: float, *, since: float | None = None, asked: bool = False, busy: bool = False) -> str:
@@ -41,15 +36,3 @@ def test_one_in_progress_is_checked_until_its_patience_runs_out() -> None:
     """Nothing is sliced meanwhile: a shard that cannot take it must not starve the trainers."""
     assert move(1000 + PATIENCE_S - 0.1, since=1000) == "check"
     assert move(1000 + PATIENCE_S, since=1000) == "abandon"
-
-
-def test_a_request_is_an_ask_or_names_a_well_formed_id() -> None:
-    assert Request.parse(b'{"ask": "n1", "at": 1.0}') == Request(None, "n1")
-    assert Request.parse(b'{"id": "00000000000000000042", "ask": "n1"}') == Request("00000000000000000042", "n1")
-    assert Request.parse(b'{"id": "00000000000000000042"}') == Request("00000000000000000042", None)
-
-
-@pytest.mark.parametrize("value", [b"", b"[1]", b"{}", b'{"id": "../x"}', b'{"id": 7}'])
-def test_a_malformed_request_names_what_is_wrong(value: bytes) -> None:
-    with pytest.raises(SchemaError, match="control/checkpoint|checkpoint_id"):
-        Request.parse(value)
