@@ -159,7 +159,9 @@ class Publisher:
                 queued += 1
             chunks += conn.pack_command("INCR", self._keys.version(self.shard))
             chunks.append(resp.command(b"EXEC"))
-            conn.send_packed_command(chunks)
+            # One write: redis-py writes a list item by item, a syscall each and, as Redis
+            # reads what arrives, as many wake-ups of Redis for the one round.
+            conn.send_packed_command([b"".join(chunks)])
             # The MSETs' replies, MULTI's OK and a QUEUED per command, then EXEC's replies.
             for _ in range(rows + 1 + queued):
                 conn.read_response()

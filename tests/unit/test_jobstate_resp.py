@@ -1,4 +1,5 @@
-"""The numpy-built MSET and MGET are byte for byte what redis-py would send for the same rows."""
+"""The numpy-built MSET and MGET are byte for byte what redis-py would send for the same rows
+(an MSET's pairs grouped by the number of digits of their id)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ def test_mset_equals_redis_py_packing(ids: list[int], dim: int) -> None:
     values = np.random.default_rng(len(ids)).normal(size=(len(ids), dim)).astype(np.float32)
     prefix = "st:job:row:emb:"
     args = []
-    for i, row in zip(ids, encode_rows(values)):
+    # Grouped by the number of digits of the id, in their order within a group.
+    for i, row in sorted(zip(ids, encode_rows(values)), key=lambda pair: len(str(pair[0]))):
         args += [f"{prefix}{i}", row]
     expected = b"".join(Connection().pack_command("MSET", *args))
     got = resp.mset(prefix.encode(), np.array(ids, dtype=np.uint64), encode_rows_matrix(values))
