@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import redis
 
-from streamtrain.infra.endpoints import Ports
-from streamtrain.infra.redis_server import RedisServer
+from bench.redis_for_bench import redis_url
 from streamtrain.jobstate.optimizers import SGD
 from streamtrain.jobstate.paramstore import ParamClient
 from streamtrain.jobstate.sharding import SlotMap
@@ -67,16 +63,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=4096)
     parser.add_argument("--rounds", type=int, default=300)
     args = parser.parse_args()
-    if url := os.environ.get("STREAMTRAIN_REDIS"):
+    with redis_url() as url:
         print(json.dumps(run(url, args.rows, args.rounds), indent=2))
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        server = RedisServer(Path(tmp), Ports.free().redis)
-        server.start()
-        try:
-            print(json.dumps(run(server.address, args.rows, args.rounds), indent=2))
-        finally:
-            server.stop()
 
 
 if __name__ == "__main__":

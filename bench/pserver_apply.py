@@ -24,17 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import redis
 
-from streamtrain.infra.endpoints import Ports
-from streamtrain.infra.redis_server import RedisServer
+from bench.redis_for_bench import redis_url
 from streamtrain.jobstate.optimizers import Adagrad
 from streamtrain.jobstate.rows import row_view
 from streamtrain.pserver.dedup import Dedup
@@ -209,16 +205,8 @@ def main() -> None:
                         help="apply for this long, then publish the union of changed ids once")
     parser.add_argument("--skew", type=float, default=0.0, help="Zipf exponent (> 1) for ids; 0 = uniform")
     args = parser.parse_args()
-    if url := os.environ.get("STREAMTRAIN_REDIS"):
+    with redis_url() as url:
         print(json.dumps(run(url, args), indent=2))
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        server = RedisServer(Path(tmp), Ports.free().redis)
-        server.start()
-        try:
-            print(json.dumps(run(server.address, args), indent=2))
-        finally:
-            server.stop()
 
 
 if __name__ == "__main__":

@@ -14,16 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import redis
 
-from streamtrain.infra.endpoints import Ports
-from streamtrain.infra.redis_server import RedisServer
+from bench.redis_for_bench import redis_url
 from streamtrain.pserver.publisher import Publisher, Snapshot
 
 SHAPES = 50  # distinct rounds, cycled
@@ -73,16 +69,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=450, help="ids drawn per round (deduplicated)")
     parser.add_argument("--flush-every", type=int, default=25, help="every Nth round is a flush")
     args = parser.parse_args()
-    if os.environ.get("STREAMTRAIN_REDIS"):
-        print(json.dumps(run(os.environ["STREAMTRAIN_REDIS"], args), indent=2))
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        server = RedisServer(Path(tmp), Ports.free().redis)
-        server.start()
-        try:
-            print(json.dumps(run(server.address, args), indent=2))
-        finally:
-            server.stop()
+    with redis_url() as url:
+        print(json.dumps(run(url, args), indent=2))
 
 
 if __name__ == "__main__":
