@@ -1,10 +1,10 @@
 """Update rules a pserver shard applies to the parameter rows it owns (docs/optimizers.md).
 
-Every built-in has ``apply_at``: one compiled (numba) pass that updates the rows a gradient
-batch touches where they live in the shard's tables, reading and writing each row once. For a
-user's rule, which needs only ``apply``, the shard gathers the rows into dense float32 arrays,
-calls ``rule.apply(rows, grads, state, steps)`` once for the whole batch, and scatters rows and
-state back. The built-ins' ``apply`` is ``apply_at`` over the given rows.
+Every built-in has ``apply_at``: one compiled (numba) pass (optimizer_kernels.py) that updates
+the rows a gradient batch touches where they live in the shard's tables, reading and writing
+each row once. For a user's rule, which needs only ``apply``, the shard gathers the rows into
+dense float32 arrays, calls ``rule.apply(rows, grads, state, steps)`` once for the whole batch,
+and scatters rows and state back. The built-ins' ``apply`` is ``apply_at`` over the given rows.
 
 State is lazy and per row: a row's state only advances when the row receives a gradient. What
 ``steps`` counts is the rule's ``clock``: ``"row"`` (the default), the updates row ``i`` had
@@ -30,9 +30,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
 
-import numba
 import numpy as np
 
+from streamtrain.jobstate.optimizer_kernels import NO_OUT, adagrad_at, adam_at, all_positions, ftrl_at, sgd_at
 from streamtrain.schemas import StreamtrainError
 
 __all__ = [
@@ -178,112 +178,6 @@ def _describe(value: object) -> str:
     return type(value).__name__
 
 
-# ----------------------------------------------------------------------------------- kernels
-#
-# One compiled pass per batch: each row is read, updated and written back where it lives (and
-# copied to `out` when the caller wants the new values), instead of a dozen numpy passes over
-# gathered copies. The arithmetic is the numpy formulas' own, in the same order and in float32
-# (no fast-math: no contraction into fused multiply-adds), so the results are the same bits.
-# `error_model="numpy"`: a division by zero gives inf or nan, as numpy does, not an exception.
-_JIT = {"nogil": True, "cache": True, "error_model": "numpy"}
-_NO_OUT = np.empty((0, 0), dtype=_F32)
-
-
-@numba.njit(**_JIT)
-def _sgd_at(table, at, grads, lr, out):
-    keep = out.shape[0] > 0
-    for i in range(at.shape[0]):
-        r = at[i]
-        for j in range(table.shape[1]):
-            w = table[r, j] - grads[i, j] * lr
-            table[r, j] = w
-            if keep:
-                out[i, j] = w
-
-
-@numba.njit(**_JIT)
-def _adagrad_at(table, acc, at, grads, steps, lr, eps, initial, out):
-    keep = out.shape[0] > 0
-    for i in range(at.shape[0]):
-        r = at[i]
-        fresh = steps[i] == 0 and initial != 0
-        for j in range(table.shape[1]):
-            g = grads[i, j]
-            a = initial if fresh else acc[r, j]
-            a = a + g * g
-            acc[r, j] = a
-            w = table[r, j] - g / (np.sqrt(a) + eps) * lr
-            table[r, j] = w
-            if keep:
-                out[i, j] = w
-
-
-@numba.njit(**_JIT)
-def _adam_at(table, m, v, at, grads, steps, lr, beta1, beta2, weight, small_weight, one_minus_beta2, eps, out):
-    keep = out.shape[0] > 0
-    last_t = -1
-    step_size = np.float32(0.0)
-    bc2_sqrt = np.float32(1.0)
-    for i in range(at.shape[0]):
-        r = at[i]
-        if steps[i] != last_t:  # per-row scalars in float64, as numpy computes them
-            last_t = steps[i]
-            t = last_t + 1.0
-            step_size = np.float32(lr / (1.0 - beta1 ** t))
-            bc2_sqrt = np.float32(np.sqrt(1.0 - beta2 ** t))
-        for j in range(table.shape[1]):
-            g = grads[i, j]
-            mm = m[r, j]
-            if small_weight:
-                mm = mm + (g - mm) * weight
-            else:
-                mm = g - (g - mm) * (np.float32(1.0) - weight)
-            vv = v[r, j] * np.float32(beta2) + g * g * one_minus_beta2
-            m[r, j] = mm
-            v[r, j] = vv
-            w = table[r, j] - mm / (np.sqrt(vv) / bc2_sqrt + eps) * step_size
-            table[r, j] = w
-            if keep:
-                out[i, j] = w
-
-
-@numba.njit(**_JIT)
-def _ftrl_at(table, z, n, at, grads, steps, alpha, beta, l1, l2, out):
-    keep = out.shape[0] > 0
-    zero = np.float32(0.0)
-    for i in range(at.shape[0]):
-        r = at[i]
-        fresh = steps[i] == 0  # every coordinate starts at w(0, 0) = 0
-        for j in range(table.shape[1]):
-            g = grads[i, j]
-            w = zero if fresh else table[r, j]
-            n_old = n[r, j]
-            n_new = n_old + g * g
-            n[r, j] = n_new
-            root = np.sqrt(n_new)
-            sigma = (root - np.sqrt(n_old)) / alpha * w
-            zz = z[r, j] + (g - sigma)
-            z[r, j] = zz
-            den = (root + beta) / alpha
-            if l2 != 0:
-                den = den + l2
-            den = -den
-            if l1 != 0:
-                num = np.abs(zz) - l1
-                if num < zero:  # nan stays nan, as np.maximum keeps it
-                    num = zero
-                w = np.copysign(num, zz) / den
-            else:
-                w = zz / den
-            table[r, j] = w
-            if keep:
-                out[i, j] = w
-
-
-def _every(n: int) -> np.ndarray:
-    return np.arange(n, dtype=np.int64)
-
-
 # ------------------------------------------------------------------------------- built-ins
 
 
@@ -302,11 +196,11 @@ class SGD:
     def apply(self, rows: np.ndarray, grads: np.ndarray, state: Mapping[str, np.ndarray],
               steps: np.ndarray) -> None:
         check_batch(self, rows, grads, state, steps)
-        self.apply_at(rows, state, _every(len(rows)), grads, steps)
+        self.apply_at(rows, state, all_positions(len(rows)), grads, steps)
 
     def apply_at(self, table: np.ndarray, state: Mapping[str, np.ndarray], at: np.ndarray,
-                 grads: np.ndarray, steps: np.ndarray, out: np.ndarray = _NO_OUT) -> None:
-        _sgd_at(table, at, grads, _F32(self.lr), out)
+                 grads: np.ndarray, steps: np.ndarray, out: np.ndarray = NO_OUT) -> None:
+        sgd_at(table, at, grads, _F32(self.lr), out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,11 +230,11 @@ class Adagrad:
     def apply(self, rows: np.ndarray, grads: np.ndarray, state: Mapping[str, np.ndarray],
               steps: np.ndarray) -> None:
         check_batch(self, rows, grads, state, steps)
-        self.apply_at(rows, state, _every(len(rows)), grads, steps)
+        self.apply_at(rows, state, all_positions(len(rows)), grads, steps)
 
     def apply_at(self, table: np.ndarray, state: Mapping[str, np.ndarray], at: np.ndarray,
-                 grads: np.ndarray, steps: np.ndarray, out: np.ndarray = _NO_OUT) -> None:
-        _adagrad_at(table, state["accumulator"], at, grads, steps, _F32(self.lr), _F32(self.eps),
+                 grads: np.ndarray, steps: np.ndarray, out: np.ndarray = NO_OUT) -> None:
+        adagrad_at(table, state["accumulator"], at, grads, steps, _F32(self.lr), _F32(self.eps),
                     _F32(self.initial_accumulator_value), out)
 
 
@@ -373,13 +267,13 @@ class Adam:
     def apply(self, rows: np.ndarray, grads: np.ndarray, state: Mapping[str, np.ndarray],
               steps: np.ndarray) -> None:
         check_batch(self, rows, grads, state, steps)
-        self.apply_at(rows, state, _every(len(rows)), grads, steps)
+        self.apply_at(rows, state, all_positions(len(rows)), grads, steps)
 
     def apply_at(self, table: np.ndarray, state: Mapping[str, np.ndarray], at: np.ndarray,
-                 grads: np.ndarray, steps: np.ndarray, out: np.ndarray = _NO_OUT) -> None:
+                 grads: np.ndarray, steps: np.ndarray, out: np.ndarray = NO_OUT) -> None:
         # m = lerp(m, g, 1 - beta1), with torch's two-sided formula: exact (m = g) at beta1 = 0.
         weight = _F32(1.0 - self.beta1)
-        _adam_at(table, state["exp_avg"], state["exp_avg_sq"], at, grads, steps, self.lr, self.beta1,
+        adam_at(table, state["exp_avg"], state["exp_avg_sq"], at, grads, steps, self.lr, self.beta1,
                  self.beta2, weight, bool(weight < 0.5), _F32(1.0 - self.beta2), _F32(self.eps), out)
 
 
@@ -415,11 +309,11 @@ class FTRL:
     def apply(self, rows: np.ndarray, grads: np.ndarray, state: Mapping[str, np.ndarray],
               steps: np.ndarray) -> None:
         check_batch(self, rows, grads, state, steps)
-        self.apply_at(rows, state, _every(len(rows)), grads, steps)
+        self.apply_at(rows, state, all_positions(len(rows)), grads, steps)
 
     def apply_at(self, table: np.ndarray, state: Mapping[str, np.ndarray], at: np.ndarray,
-                 grads: np.ndarray, steps: np.ndarray, out: np.ndarray = _NO_OUT) -> None:
-        _ftrl_at(table, state["z"], state["n"], at, grads, steps, _F32(self.alpha), _F32(self.beta),
+                 grads: np.ndarray, steps: np.ndarray, out: np.ndarray = NO_OUT) -> None:
+        ftrl_at(table, state["z"], state["n"], at, grads, steps, _F32(self.alpha), _F32(self.beta),
                  _F32(self.l1), _F32(self.l2), out)
 
 
