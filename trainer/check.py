@@ -19,7 +19,7 @@ import numpy as np
 from streamtrain.jobstate.config import JobConfig
 from streamtrain.jobstate.offsets import Bounds
 from streamtrain.trainer.decoders import ChunkDecoder, DecodeError, make_decoder
-from streamtrain.trainer.worker import model_spec
+from streamtrain.trainer.models import model_spec
 
 # Records decoded one by one to find the fields the model does not read (the chunk decoder
 # keeps only the model's).

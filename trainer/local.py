@@ -22,7 +22,7 @@ from streamtrain.schemas import Example
 from streamtrain.trainer.decoders import ChunkDecoder
 from streamtrain.trainer.features import Batch, Featurizer, MiniBatches, pool
 from streamtrain.trainer.params import INIT_SCALE, DenseLayout, RowLayout
-from streamtrain.trainer.worker import build_model, model_spec, use_torch_threads
+from streamtrain.trainer.models import build_model, model_spec, use_torch_threads
 
 _OPTIMIZERS = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
 _SPARSE = {"adam": torch.optim.SparseAdam}  # where torch's rule takes no sparse gradients

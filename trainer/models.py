@@ -7,14 +7,24 @@ pooled (summed) per (example, field): a tensor of shape (batch, fields, width). 
 else the module holds as `nn.Parameter`s is *dense*: the trainer splits it into blocks that
 the pservers own and serve like rows. A user's factory ("module:callable" in `model.factory`)
 takes a `ModelSpec` and returns such a module.
+
+`build_model` builds the job's model as every process does (trainers, `predict`, `job check`):
+from its config's `ModelSpec`, under one seed, so its dense parameters start from the same
+values everywhere.
 """
 
 from __future__ import annotations
 
+import importlib
+import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from streamtrain.jobstate.config import JobConfig
 
 
 @dataclass(frozen=True)
@@ -88,3 +98,44 @@ class DeepFM(SparseModel):
         pairwise = 0.5 * (v.sum(dim=1).pow(2) - v.pow(2).sum(dim=1)).sum(dim=1)
         deep = self.deep(torch.cat([v.flatten(1), dense], dim=1)).squeeze(1)
         return first + pairwise + deep
+
+
+# --------------------------------------------------------------------- the job's model, built
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+# Every process builds the job's model under this seed, so its dense parameters start from the
+# same values everywhere (trainer/params.py: the shards store only what training adds). The
+# seed is torch's global one: two builds at once in one process (trainers in threads) would
+# draw from it in turn and differ, hence the lock.
+MODEL_SEED = 0
+_BUILDING = threading.Lock()
+
+
+def build_model(config: JobConfig) -> torch.nn.Module:
+    module_name, _, attr = config.model.factory.partition(":")
+    factory: object = importlib.import_module(module_name)
+    for part in attr.split("."):
+        factory = getattr(factory, part)
+    with _BUILDING, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(MODEL_SEED)
+        return factory(model_spec(config))
+
+
+def use_torch_threads(config: JobConfig) -> None:
+    """`train.torch_threads` (process-wide: torch has one intra-op pool per process)."""
+    if config.train.torch_threads:
+        torch.set_num_threads(config.train.torch_threads)
+
+
+def model_spec(config: JobConfig) -> ModelSpec:
+    declared = config.input.fields
+    fields = config.model.sparse_fields or tuple(
+        c.name for c in config.input.csv_columns if c.kind == "sparse") or (
+        tuple(name for name, _ in declared.sparse) if declared else ())
+    dense = config.model.dense_features or sum(1 for c in config.input.csv_columns if c.kind == "dense") or (
+        len(declared.dense) if declared else 0)
+    return ModelSpec(fields, dense, config.model.embedding_dim)

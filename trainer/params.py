@@ -4,7 +4,7 @@ torch model, and turning the gradients of a push group into one GradientDelta pe
 Dense parameters are split into blocks of `BLOCK` values, addressed `(parameter name, block)`,
 owned by the shard the slot map says. A shard stores and updates what training has added to a
 block, starting from zero; the parameter's value is the model's own initial value plus that.
-The model is built under a fixed seed (`trainer.worker.MODEL_SEED`), so its initial values,
+The model is built under a fixed seed (`trainer.models.MODEL_SEED`), so its initial values,
 PyTorch's own initialisation of each layer, are the same in every process without the shards
 knowing them. Update rules that depend only on the gradients (SGD, Adagrad, Adam) train the
 sum exactly as they would the parameter; FTRL's regularisation pulls towards the initial value
@@ -76,7 +76,7 @@ class _Block:
 
 class DenseLayout:
     """The model's dense parameters as blocks; takes each block's initial value from the model
-    as built (seeded: `trainer.worker.build_model`)."""
+    as built (seeded: `trainer.models.build_model`)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.blocks: list[_Block] = []

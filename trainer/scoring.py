@@ -15,7 +15,7 @@ from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.schemas import Example
 from streamtrain.trainer.features import Featurizer, pool
 from streamtrain.trainer.params import DenseLayout, ParamSync, RowLayout
-from streamtrain.trainer.worker import build_model, model_spec
+from streamtrain.trainer.models import build_model, model_spec
 
 
 class Scorer:

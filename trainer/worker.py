@@ -13,7 +13,6 @@ pushes' dense changes is added to it (trainer/own.py).
 from __future__ import annotations
 
 import gc
-import importlib
 import logging
 import os
 import socket
@@ -45,7 +44,7 @@ from streamtrain.trainer.features import Batch, MiniBatches, pool
 from streamtrain.trainer.feed import Chunk, TaskFeed
 from streamtrain.trainer.loader import BadRecord, Loaded, LoaderSpec, RecordLoader
 from streamtrain.trainer.metrics import TaskMetrics
-from streamtrain.trainer.models import ModelSpec
+from streamtrain.trainer.models import build_model, default_device, model_spec, use_torch_threads
 from streamtrain.trainer.own import OwnPushes, OwnRows, RowChange
 from streamtrain.trainer.params import DenseLayout, GradientBuffer, ParamSync, RowLayout
 from streamtrain.trainer.reader import RangeReadError
@@ -60,44 +59,6 @@ REGISTRY_AWAY_S = 5.0  # a schema registry that did not answer is asked again af
 
 class _Stopped(Exception):
     """Stop was requested mid-task: the task is released, not failed."""
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-# Every process builds the job's model under this seed, so its dense parameters start from the
-# same values everywhere (trainer/params.py: the shards store only what training adds). The
-# seed is torch's global one: two builds at once in one process (trainers in threads) would
-# draw from it in turn and differ, hence the lock.
-MODEL_SEED = 0
-_BUILDING = threading.Lock()
-
-
-def build_model(config: JobConfig) -> torch.nn.Module:
-    module_name, _, attr = config.model.factory.partition(":")
-    factory: object = importlib.import_module(module_name)
-    for part in attr.split("."):
-        factory = getattr(factory, part)
-    with _BUILDING, torch.random.fork_rng(devices=[]):
-        torch.manual_seed(MODEL_SEED)
-        return factory(model_spec(config))
-
-
-def use_torch_threads(config: JobConfig) -> None:
-    """`train.torch_threads` (process-wide: torch has one intra-op pool per process)."""
-    if config.train.torch_threads:
-        torch.set_num_threads(config.train.torch_threads)
-
-
-def model_spec(config: JobConfig) -> ModelSpec:
-    declared = config.input.fields
-    fields = config.model.sparse_fields or tuple(
-        c.name for c in config.input.csv_columns if c.kind == "sparse") or (
-        tuple(name for name, _ in declared.sparse) if declared else ())
-    dense = config.model.dense_features or sum(1 for c in config.input.csv_columns if c.kind == "dense") or (
-        len(declared.dense) if declared else 0)
-    return ModelSpec(fields, dense, config.model.embedding_dim)
 
 
 @dataclass

@@ -121,7 +121,7 @@ def test_chunks_with_a_label_rule_decode_as_one_by_one_does(values) -> None:
 
 
 def test_declared_fields_survive_the_jobs_json_and_give_the_model_its_fields() -> None:
-    from streamtrain.trainer.worker import model_spec
+    from streamtrain.trainer.models import model_spec
 
     config = JobConfig.from_toml('[job]\nname = "j"\n[input]\ntopics = ["t"]\n[input.fields]\n'
                                  'sparse = { user = "u.id", ad = "a" }\ndense = ["p"]\nlabel = "d >= 3"\n'

@@ -346,7 +346,7 @@ def test_quoted_csv_fields_may_hold_commas_and_decode_in_a_chunk_as_one_by_one()
 
 
 def test_every_process_builds_the_same_initial_dense_values_without_touching_the_global_rng() -> None:
-    from streamtrain.trainer.worker import build_model
+    from streamtrain.trainer.models import build_model
 
     job = JobConfig.from_toml('[job]\nname = "j"\n[input]\ntopics = ["t"]\n[model]\n'
                               'factory = "streamtrain.trainer.models:WideDeep"\nsparse_fields = ["a", "b"]\ndense_features = 2')
