@@ -39,6 +39,7 @@ from streamtrain.jobstate.optimizers import make_rule
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.pserver.barrier import StepBarrier
 from streamtrain.pserver.checkpoint import CheckpointStore
+from streamtrain.pserver.control import checkpoint_to_take, rolled_back_id
 from streamtrain.pserver.publisher import Publisher
 from streamtrain.pserver.publishing import BackgroundPublisher
 from streamtrain.pserver.state import BadDeltaError, ShardState
@@ -440,16 +441,15 @@ class PserverShard:
         if not checkpoint:
             return
         try:
-            wanted = CheckpointRequest.from_json(checkpoint[0].value).id
+            request = CheckpointRequest.from_json(checkpoint[0].value)
         except SchemaError as exc:
             log.warning("shard %d: ignoring %s", self.index, exc)
             return
+        registered = request.id is not None and \
+            self.etcd.get(self.keys.checkpoint_shard(request.id, self.index)) is not None
+        wanted = checkpoint_to_take(request, taken=self._requests_done, kept=self.store.complete_ids(),
+                                    registered=registered)
         if wanted is None:
-            return  # asked of the master, which has not recorded the job's side yet
-        key = self.keys.checkpoint_shard(wanted, self.index)
-        kept = self.store.complete_ids()
-        # Taken once: not again after this shard pruned it (ids sort by time) or restarted.
-        if wanted in self._requests_done or (kept and wanted < kept[0]) or self.etcd.get(key) is not None:
             return
         # Everything written before the request is seen: that is every delta of every task
         # the checkpoint's job record calls done (jobstate/checkpoints.py).
@@ -493,10 +493,8 @@ class PserverShard:
         self.next_offset = end
         self.consumer.assign([TopicPartition(self.grad_topic, 0, end)])
         retired = self.store.retire_after(to)
-        # After `to` whatever this host's clock says (ids sort by time: a restart loads the
-        # newest), and never pruning `to`, which checkpoints/latest may not name yet.
-        after = f"{int(to) + 1:020d}" if to.isdigit() else ""
-        self.checkpoint(max(new_checkpoint_id(), after), keep_also=(to,))
+        # Never pruning `to`, which checkpoints/latest may not name yet.
+        self.checkpoint(rolled_back_id(to, new_checkpoint_id()), keep_also=(to,))
         log.info("shard %d: retired %d checkpoints newer than %s", self.index, len(retired), to)
         self.etcd.put(ack, RollbackAck(self.index, end, time.time()).to_json())
         log.warning("shard %d: rolled back to checkpoint %s; gradients before offset %d skipped",

@@ -1,0 +1,28 @@
+"""What a shard does about the control plane's requests (schemas/control.py): the decisions,
+as pure functions; pserver/shard.py reads the requests and does the work."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from streamtrain.schemas import CheckpointRequest
+
+
+def checkpoint_to_take(request: CheckpointRequest, *, taken: Collection[str], kept: list[str],
+                       registered: bool) -> str | None:
+    """The id of the checkpoint `request` asks this shard for, or None if there is none to take:
+    an ask of the master (no id until it has recorded the job's side), one this process took,
+    one registered before a restart (`registered`), or one older than every checkpoint the
+    shard keeps (`kept`, oldest first: it was taken and pruned since; ids sort by time)."""
+    wanted = request.id
+    if wanted is None or wanted in taken or registered or (kept and wanted < kept[0]):
+        return None
+    return wanted
+
+
+def rolled_back_id(to: str, now_id: str) -> str:
+    """The id of the checkpoint of a state rolled back to `to`: `now_id` (a new id by this
+    host's clock) unless that does not sort after `to`, since a restart loads the newest id
+    and must load the rolled-back state, not `to`'s timeline."""
+    after = f"{int(to) + 1:020d}" if to.isdigit() else ""
+    return max(now_id, after)

@@ -1,0 +1,35 @@
+"""A shard's decisions on the control plane's requests (pserver/control.py)."""
+
+from __future__ import annotations
+
+from streamtrain.pserver.control import checkpoint_to_take, rolled_back_id
+from streamtrain.schemas import CheckpointRequest
+
+OLD, MID, NEW = "00000000000000000100", "00000000000000000200", "00000000000000000300"
+
+
+def take(request: CheckpointRequest, taken=(), kept=(), registered=False) -> str | None:
+    return checkpoint_to_take(request, taken=set(taken), kept=list(kept), registered=registered)
+
+
+def test_a_request_for_a_new_checkpoint_is_taken() -> None:
+    assert take(CheckpointRequest(NEW, "n1"), kept=[OLD, MID]) == NEW
+
+
+def test_an_ask_of_the_master_is_not_a_request_to_the_shards() -> None:
+    assert take(CheckpointRequest(ask="n1")) is None
+
+
+def test_a_checkpoint_is_taken_once_even_across_a_restart() -> None:
+    assert take(CheckpointRequest(NEW), taken=[NEW]) is None
+    assert take(CheckpointRequest(NEW), registered=True) is None  # a restarted shard finds it registered
+
+
+def test_one_older_than_all_kept_was_taken_and_pruned_since() -> None:
+    assert take(CheckpointRequest(OLD), kept=[MID, NEW]) is None
+
+
+def test_the_rolled_back_state_sorts_after_its_target_whatever_the_clock_says() -> None:
+    assert rolled_back_id(MID, NEW) == NEW
+    assert rolled_back_id(NEW, MID) == "00000000000000000301"  # this host's clock is behind
+    assert rolled_back_id("manual-1", MID) == MID
