@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
@@ -111,13 +112,13 @@ class LocalJob:
         self._poller.start()
         return self
 
-    def add(self, name: str, args: list[str] | object) -> None:
+    def add(self, name: str, args: Sequence[str] | Callable[[], Sequence[str]]) -> None:
         """Another `python -m streamtrain ARGS` child under the same supervisor, restarted the
         same way (the demo's producer); `args` may be a callable evaluated at every start."""
         if self.supervisor is None:
             raise RuntimeError(f"LocalJob {self.name!r}: start() first")
         with self._lock:
-            self.supervisor.add(name, args)  # type: ignore[arg-type]
+            self.supervisor.add(name, args)
 
     def stop(self) -> LocalJobResult:
         """Stop every child (SIGTERM, the grace period, SIGKILL) and return what happened.
