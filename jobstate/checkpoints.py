@@ -158,7 +158,7 @@ def prune_records(etcd: Etcd, job: str) -> list[str]:
     keys = EtcdKeys(job)
     parts: dict[str, set[str]] = {}
     for entry in etcd.range(keys.checkpoints_prefix, keys_only=True):
-        path = entry.key[len(keys.checkpoints_prefix):].split("/")
+        path = keys.checkpoint_path(entry.key)
         if len(path) >= 2:
             parts.setdefault(path[0], set()).add(path[1])
     gone = [cid for cid, names in parts.items() if cid < newest and names <= {"job", "rolled"}]

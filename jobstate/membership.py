@@ -8,9 +8,7 @@ back as soon as its old lease has expired, or at once when the old holder is kno
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,8 +16,8 @@ from dataclasses import dataclass, field
 from streamtrain.jobstate.config import JobConfig
 from streamtrain.jobstate.errors import MasterError, NoFreeIndexError
 from streamtrain.jobstate.etcd import Etcd, Lease, absent, put_op
-from streamtrain.jobstate.predecessors import remove_if_gone, this_machine
-from streamtrain.schemas import EtcdKeys
+from streamtrain.jobstate.predecessors import remove_if_gone, this_holder
+from streamtrain.schemas import EtcdKeys, Holder
 
 
 def read_job_config(etcd: Etcd, job: str) -> JobConfig:
@@ -46,14 +44,10 @@ def wait_for_job_config(etcd: Etcd, job: str, stop: threading.Event, log: loggin
     return None
 
 
-def _member_info(extra: dict[str, object]) -> bytes:
-    return json.dumps({**this_machine(), "pid": os.getpid(), "since": time.time(), **extra}).encode()
-
-
 def register_trainer(etcd: Etcd, job: str, trainer_id: str, ttl_s: int = 10) -> Lease:
     """Announce a trainer; the key lives as long as the returned (kept-alive) lease."""
     lease = etcd.lease(ttl_s).keep_alive()
-    etcd.put(EtcdKeys(job).trainer(trainer_id), _member_info({"trainer": trainer_id}), lease)
+    etcd.put(EtcdKeys(job).trainer(trainer_id), this_holder("trainer", trainer_id).to_json(), lease)
     return lease
 
 
@@ -72,7 +66,7 @@ def register_pserver(etcd: Etcd, job: str, address: str, ttl_s: int = 10,
         candidates = [index] if index is not None else list(range(desired))
         for candidate in candidates:
             ok, _ = etcd.txn([absent(keys.ps(candidate))],
-                             [put_op(keys.ps(candidate), _member_info({"index": candidate, "address": address}), lease)])
+                             [put_op(keys.ps(candidate), this_holder("pserver", str(candidate), address).to_json(), lease)])
             if ok:
                 return candidate, lease.keep_alive()
         lease.revoke()
@@ -86,14 +80,19 @@ def register_pserver(etcd: Etcd, job: str, address: str, ttl_s: int = 10,
 
 @dataclass(frozen=True)
 class Members:
-    trainers: dict[str, dict] = field(default_factory=dict)
-    pservers: dict[int, dict] = field(default_factory=dict)
+    trainers: dict[str, Holder] = field(default_factory=dict)
+    pservers: dict[int, Holder] = field(default_factory=dict)
 
 
 def members(etcd: Etcd, job: str) -> Members:
+    """The job's trainers and shards, each as it registered.
+
+    Raises:
+        SchemaError: a member key holds something this version did not write.
+    """
     keys = EtcdKeys(job)
     trainers, pservers = etcd.ranges([keys.trainers_prefix, keys.ps_prefix])
     return Members(
-        trainers={e.key.rsplit("/", 1)[1]: json.loads(e.value) for e in trainers},
-        pservers={int(e.key.rsplit("/", 1)[1]): json.loads(e.value) for e in pservers},
+        trainers={keys.trainer_of(e.key): Holder.from_json(e.value) for e in trainers},
+        pservers={keys.ps_index_of(e.key): Holder.from_json(e.value) for e in pservers},
     )

@@ -12,14 +12,16 @@ process (looks alive).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable, Mapping
 
 from streamtrain.infra.process import pid_alive
 from streamtrain.jobstate.etcd import Etcd, create_revision_is, delete_op
+from streamtrain.schemas import Holder, SchemaError
+from streamtrain.schemas.job import Role
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +43,17 @@ def this_machine() -> dict[str, str]:
     return {"host": socket.gethostname(), "boot": boot, "pidns": pidns}
 
 
-def gone(holder: Mapping[str, object], here: Mapping[str, str] | None = None,
-         alive: Callable[[int], bool] = pid_alive) -> bool:
-    """Whether `holder` (what the key's holder wrote: `this_machine()` and its pid) is a process
-    of this machine and pid namespace that no longer runs."""
+def this_holder(role: Role, name: str, address: str | None = None) -> Holder:
+    """This process as the holder of a key, from now."""
+    machine = this_machine()
+    return Holder(role, name, os.getpid(), machine["host"], machine["boot"], machine["pidns"], time.time(), address)
+
+
+def gone(holder: Holder, here: Mapping[str, str] | None = None, alive: Callable[[int], bool] = pid_alive) -> bool:
+    """Whether `holder` is a process of this machine and pid namespace that no longer runs."""
     here = this_machine() if here is None else here
-    pid = holder.get("pid")
-    same_place = all(here[k] and holder.get(k) == here[k] for k in ("host", "boot", "pidns"))
-    return same_place and isinstance(pid, int) and pid > 0 and pid != os.getpid() and not alive(pid)
+    same_place = all(here[k] and getattr(holder, k) == here[k] for k in ("host", "boot", "pidns"))
+    return same_place and holder.pid > 0 and holder.pid != os.getpid() and not alive(holder.pid)
 
 
 def remove_if_gone(etcd: Etcd, key: str) -> bool:
@@ -58,13 +63,13 @@ def remove_if_gone(etcd: Etcd, key: str) -> bool:
     if entry is None:
         return False
     try:
-        holder = json.loads(entry.value)
-    except ValueError:
-        return False
-    if not isinstance(holder, dict) or not gone(holder):
+        holder = Holder.from_json(entry.value)
+    except SchemaError:
+        return False  # not a holder this version wrote: its lease decides
+    if not gone(holder):
         return False
     ok, _ = etcd.txn([create_revision_is(key, entry.create_revision)], [delete_op(key)])
     if ok:
         log.info("%s was held by pid %s of this machine, which is gone: taken over without waiting for "
-                 "its lease", key, holder.get("pid"))
+                 "its lease", key, holder.pid)
     return ok

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.membership import Members, members
 from streamtrain.jobstate.offsets import InputOffsets, InputUnavailableError
-from streamtrain.schemas import EtcdKeys, PartitionCursor, SchemaError, TaskRecord
+from streamtrain.schemas import EtcdKeys, Holder, JobState, PartitionCursor, SchemaError, TaskRecord
 
 STATES = ("todo", "pending", "done", "failed")
 
@@ -30,7 +30,7 @@ class PartitionLag:
 @dataclass(frozen=True)
 class JobStatus:
     job: str
-    leader: dict | None
+    leader: Holder | None
     state: str
     queues: dict[str, int]
     partitions: list[PartitionLag]
@@ -66,8 +66,8 @@ def job_status(etcd: Etcd, offsets: InputOffsets | None, job: str) -> JobStatus:
     state = etcd.get(keys.state)
     return JobStatus(
         job=job,
-        leader=json.loads(leader.value) if leader else None,
-        state=json.loads(state.value)["state"] if state else "running",
+        leader=Holder.from_json(leader.value) if leader else None,
+        state=JobState.from_json(state.value).state if state else "running",
         queues=queues,
         partitions=[PartitionLag(c.topic, c.partition, c.pass_no, c.next, c.trained,
                                  ends.get((c.topic, c.partition))) for c in cursors],

@@ -78,7 +78,7 @@ class TaskClient:
                 listed = self._etcd.range(self.keys.tasks("todo"), limit=_CANDIDATES, oldest_first=True)
                 if not listed:
                     return None
-                order = queue.claim_order([(e.create_revision, e.key.rsplit("/", 1)[-1]) for e in listed],
+                order = queue.claim_order([(e.create_revision, self.keys.task_id_of(e.key)) for e in listed],
                                          truncated=len(listed) == _CANDIDATES)
                 self._candidates = [listed[i] for i in order]
             # Random among the first few: trainers claiming at once rarely race for one key.

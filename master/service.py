@@ -6,7 +6,6 @@ committed transaction left off.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -25,12 +24,12 @@ from streamtrain.jobstate.etcd import (MAX_TXN_OPS, Entry, Etcd, Op, absent, del
                                        mod_revision_is, nested_succeeded, put_op, txn_op)
 from streamtrain.jobstate.observability import MasterMetrics
 from streamtrain.jobstate.offsets import InputOffsets, InputUnavailableError, Partition
-from streamtrain.jobstate.predecessors import this_machine
+from streamtrain.jobstate.predecessors import this_holder
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.master import plan
 from streamtrain.master.checkpoints import PeriodicCheckpoints
 from streamtrain.master.leader import LeaderLock
-from streamtrain.schemas import EtcdKeys, PartitionCursor, RollbackRequest, SchemaError, TaskRecord
+from streamtrain.schemas import EtcdKeys, JobState, PartitionCursor, RollbackRequest, SchemaError, TaskRecord
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +55,7 @@ class Master:
         self.identity = identity or f"{socket.gethostname()}:{os.getpid()}"
         self.lock = LeaderLock(
             etcd, self.keys.master_lock, config.master.lock_ttl_s,
-            json.dumps({"master": self.identity, "pid": os.getpid(), **this_machine()}).encode(),
+            this_holder("master", self.identity).to_json(),
         )
         self.offsets = InputOffsets(endpoints)
         self.clock = clock
@@ -115,7 +114,7 @@ class Master:
             cursor = PartitionCursor.from_json(entry.value)
             self.cursors[(cursor.topic, cursor.partition)] = cursor
         state = self.etcd.get(self.keys.state)
-        self.finished = state is not None and json.loads(state.value).get("state") == "finished"
+        self.finished = state is not None and JobState.from_json(state.value).finished
         log.info("loaded %d partition cursors", len(self.cursors))
 
     # -- one round -----------------------------------------------------------------------
@@ -136,8 +135,8 @@ class Master:
                                               busy=bool(rollback or pause))
         todo = self.etcd.range(self.keys.tasks("todo"), keys_only=True)
         self.metrics.queues(todo=len(todo), pending=len(pending), done=len(done), failed=len(failed))
-        self._watch_members("trainers", trainers)
-        self._watch_members("ps", ps)
+        self._watch_members("trainers", {self.keys.trainer_of(e.key) for e in trainers})
+        self._watch_members("ps", {str(self.keys.ps_index_of(e.key)) for e in ps})
         self._expire(pending, now)
         self._fold(done, failed)
         self._compact(now)
@@ -330,12 +329,12 @@ class Master:
         open_passes = set()
         for entry in (*todo, *pending):
             try:
-                open_passes.add(TaskRecord.parse_id(entry.key.rsplit("/", 1)[1]).pass_no)
+                open_passes.add(TaskRecord.parse_id(self.keys.task_id_of(entry.key)).pass_no)
             except SchemaError:
                 continue
         decision, cursors = plan.next_pass(self.cursors.values(), self.config.input.passes, open_passes)
         if decision == "finished":
-            self._write([put_op(self.keys.state, json.dumps({"state": "finished"}).encode())])
+            self._write([put_op(self.keys.state, JobState("finished", time.time()).to_json())])
             self.finished = True
             log.info("all %d passes trained; job finished", self.config.input.passes)
         elif decision == "advance":
@@ -362,8 +361,7 @@ class Master:
             self._compact_mark = (now, self.etcd.revision())
 
     # -- membership ----------------------------------------------------------------------
-    def _watch_members(self, kind: str, entries: list[Entry]) -> None:
-        now = {e.key.rsplit("/", 1)[1] for e in entries}
+    def _watch_members(self, kind: str, now: set[str]) -> None:
         for joined in sorted(now - self._members[kind]):
             log.info("%s %s joined", kind, joined)
         for left in sorted(self._members[kind] - now):

@@ -176,7 +176,7 @@ class Publisher:
         finally:
             self._redis.connection_pool.release(conn)
 
-    def send_steps(self, document: str) -> None:
+    def send_steps(self, document: bytes) -> None:
         """The barrier's steps document (sync and bounded SGD) to its key, and to the trainers
         waiting on its channel."""
         pipe = self._redis.pipeline(transaction=False)

@@ -72,7 +72,7 @@ class BackgroundPublisher:
         self._applied: dict[str, int] = {}  # trainer id -> newest step applied
         self._applied_changed = False
         self._wake = threading.Event()
-        self._note: str | None = None  # the steps document to write after the next round
+        self._note: bytes | None = None  # the steps document to write after the next round
         self._checked_at = time.monotonic()
         self._stop = threading.Event()
         # Held for a whole round, so no send of an older snapshot is in flight while someone
@@ -90,8 +90,8 @@ class BackgroundPublisher:
             self._applied_changed = True
         self._wake.set()
 
-    def note(self, steps: str) -> None:
-        """The barrier's steps document, to write after the next round's send (with the
+    def note(self, steps: bytes) -> None:
+        """The barrier's steps document (`BarrierSteps`), to write after the next round's send (with the
         state lock held)."""
         self._note = steps
 

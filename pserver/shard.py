@@ -43,7 +43,7 @@ from streamtrain.pserver.control import checkpoint_to_take, rolled_back_id
 from streamtrain.pserver.publisher import Publisher
 from streamtrain.pserver.publishing import BackgroundPublisher
 from streamtrain.pserver.state import BadDeltaError, ShardState
-from streamtrain.schemas import (CheckpointRequest, DeadLetter, EtcdKeys, GradientDelta, LatestCheckpoint, PartitionCursor,
+from streamtrain.schemas import (BarrierSteps, CheckpointRequest, DeadLetter, EtcdKeys, GradientDelta, LatestCheckpoint, PartitionCursor,
                                 RedisKeys, RollbackAck, RollbackRequest, SchemaError, ShardCheckpoint, Topics)
 
 log = logging.getLogger(__name__)
@@ -309,7 +309,7 @@ class PserverShard:
         """Hand the barrier's position to the publisher: it is written to Redis after the
         round that publishes the steps' changes, so a trainer that sees its step released
         pulls parameters that include it."""
-        note = json.dumps({"next": self.barrier.next_step, "trainers": self.barrier.steps()})
+        note = BarrierSteps(self.barrier.next_step, self.barrier.steps()).to_json()
         with self.lock:
             self.publishing.note(note)
 
@@ -331,7 +331,7 @@ class PserverShard:
         """Barrier housekeeping: who is still a live trainer, and what that releases."""
         if not self.barrier.sync and self.config.train.sgd != "bounded":
             return
-        self.barrier.live = {e.key.rsplit("/", 1)[1]
+        self.barrier.live = {self.keys.trainer_of(e.key)
                              for e in self.etcd.range(self.keys.trainers_prefix, keys_only=True)}
         for ready in self.barrier.release():
             self._apply_delta(ready)
@@ -425,7 +425,7 @@ class PserverShard:
         kept = set(self.store.complete_ids())
         suffix = f"/{self.index}"
         for entry in self.etcd.range(self.keys.checkpoints_prefix, keys_only=True):
-            parts = entry.key[len(self.keys.checkpoints_prefix):].split("/")
+            parts = self.keys.checkpoint_path(entry.key)
             if len(parts) == 2 and entry.key.endswith(suffix) and parts[0] not in kept:
                 self.etcd.delete_prefix(entry.key)
 

@@ -19,12 +19,14 @@ from .deadletter import DeadLetter
 from .errors import SchemaError, StreamtrainError
 from .example import Example
 from .gradient import DenseSlice, GradientDelta, SparseRows, WireDtype
+from .job import BarrierSteps, Holder, JobState
 from .keys import CONTROLS, TASK_STATES, EtcdKeys, RedisKeys, Topics, validate_job_name
 from .params import ParamBlock, decode_rows, encode_rows, encode_rows_matrix
 from .rounds import PublishedRound, RoundRows
 from .task import TaskId, TaskRecord
 
 __all__ = [
+    "BarrierSteps",
     "CONTROLS",
     "TASK_STATES",
     "CheckpointManifest",
@@ -35,6 +37,8 @@ __all__ = [
     "Example",
     "FileEntry",
     "GradientDelta",
+    "Holder",
+    "JobState",
     "LatestCheckpoint",
     "ParamBlock",
     "PartitionCursor",

@@ -56,7 +56,7 @@ class EtcdKeys:
 
     @property
     def state(self) -> str:
-        """``{"state": "running" | "finished"}``: a bounded job is finished after its last pass."""
+        """`JobState`: a bounded job is finished after its last pass."""
         return f"{self.prefix}state"
 
     @property
@@ -70,12 +70,23 @@ class EtcdKeys:
     def ps(self, index: int) -> str:
         return f"{self.ps_prefix}{_etcd_check.integer('ps.index', index, hi=U32_MAX)}"
 
+    def ps_index_of(self, key: str) -> int:
+        """The shard index of a key under `ps_prefix`."""
+        index = self._below(self.ps_prefix, key, "ps.index")
+        if not index.isdigit() or self.ps(int(index)) != key:
+            raise _etcd_check.error("ps.index", f"{key!r} is not a pserver key")
+        return int(index)
+
     @property
     def trainers_prefix(self) -> str:
         return f"{self.prefix}trainers/"
 
     def trainer(self, trainer_id: str) -> str:
         return f"{self.trainers_prefix}{_segment('trainer_id', trainer_id)}"
+
+    def trainer_of(self, key: str) -> str:
+        """The trainer id of a key under `trainers_prefix`."""
+        return _segment("trainer_id", self._below(self.trainers_prefix, key, "trainer_id"))
 
     @property
     def cursors_prefix(self) -> str:
@@ -97,6 +108,13 @@ class EtcdKeys:
 
     def task(self, state: TaskState, task_id: str) -> str:
         return f"{self.tasks(state)}{_segment('task_id', task_id)}"
+
+    def task_id_of(self, key: str) -> str:
+        """The task id of a key under `tasks(state)`, whichever the state."""
+        state, _, task_id = self._below(self.tasks_prefix, key, "task_id").partition("/")
+        if state not in TASK_STATES:
+            raise _etcd_check.error("tasks.state", f"{key!r} is not a task key")
+        return _segment("task_id", task_id)
 
     @property
     def slots(self) -> str:
@@ -124,6 +142,16 @@ class EtcdKeys:
 
     def checkpoint_shard(self, checkpoint_id: str, shard: int) -> str:
         return f"{self.checkpoint(checkpoint_id)}{_etcd_check.integer('shard', shard, hi=U32_MAX)}"
+
+    def checkpoint_path(self, key: str) -> tuple[str, ...]:
+        """The segments of a key under `checkpoints_prefix`: ("latest",), (id, "job"),
+        (id, "<shard>") or (id, "rolled", "<shard>")."""
+        return tuple(self._below(self.checkpoints_prefix, key, "checkpoint").split("/"))
+
+    def _below(self, prefix: str, key: str, field: str) -> str:
+        if not isinstance(key, str) or not key.startswith(prefix) or len(key) == len(prefix):
+            raise _etcd_check.error(field, f"{key!r} is not a key under {prefix}")
+        return key[len(prefix):]
 
     def control(self, name: Control) -> str:
         if name not in CONTROLS:

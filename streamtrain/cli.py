@@ -295,7 +295,7 @@ def job_status_cmd(
     if as_json:
         print(json.dumps(status.as_dict(), indent=2))
         return
-    leader = status.leader["master"] if status.leader else "[red]none[/red]"
+    leader = status.leader.name if status.leader else "[red]none[/red]"
     console.print(f"job [bold]{status.job}[/bold]  state {status.state}  leader {leader}")
     console.print("tasks  " + "  ".join(f"{k} {v}" for k, v in status.queues.items()))
     table = Table("partition", "pass", "sliced to", "trained to", "end", "lag")

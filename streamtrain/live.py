@@ -48,7 +48,7 @@ class Snapshot:
     queues: dict[str, int] = field(default_factory=dict)
     lag: int | None = None  # records in the input not yet trained, all partitions
     lag_by_partition: dict[str, int | None] = field(default_factory=dict)
-    leader: str | None = None
+    leader_pid: int | None = None
     trainers: int = 0
     pservers: int = 0
     tasks_reported: int = 0
@@ -131,7 +131,7 @@ class JobMonitor:
             snap.lag_by_partition = {f"{p.topic}:{p.partition}": p.lag for p in status.partitions}
             lags = [p.lag for p in status.partitions]
             snap.lag = sum(lags) if lags and None not in lags else None
-            snap.leader = status.leader.get("master") if status.leader else None
+            snap.leader_pid = status.leader.pid if status.leader else None
             snap.trainers = len(status.members.trainers)
             snap.pservers = len(status.members.pservers)
         except Exception as exc:  # noqa: BLE001  the view never dies of a slow service
@@ -256,9 +256,6 @@ def render(snap: Snapshot, supervisor: Supervisor, job: str, events: list[str]) 
     procs = Table("process", "state", "pid", "restarts", "exit", "detail", box=box.SIMPLE_HEAD,
                   padding=(0, 1), pad_edge=False)
     colours = {"running": "green", "restarting": "yellow", "stopped": "dim"}
-    leader_pid = None
-    if snap.leader and ":" in snap.leader:
-        leader_pid = snap.leader.rsplit(":", 1)[1]
     for c in supervisor.children.values():
         colour = colours.get(c.state, "red")
         detail = ""
@@ -269,7 +266,7 @@ def render(snap: Snapshot, supervisor: Supervisor, job: str, events: list[str]) 
                 detail = (f"v{_num(s.get('version'))}  {_num(s.get('examples'))} applied  "
                           f"{_num(s.get('checkpoints'))} ckpt" + (f"  {s['dropped']:,} dups" if s.get("dropped") else ""))
         elif c.name == "master" and c.pid is not None:
-            detail = "leader" if leader_pid == str(c.pid) else "standby"
+            detail = "leader" if snap.leader_pid == c.pid else "standby"
         procs.add_row(c.name, f"[{colour}]{c.state}[/{colour}]", _num(c.pid, "{}"), str(c.restarts),
                       _num(c.last_exit, "{}"), detail)
 

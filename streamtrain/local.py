@@ -19,7 +19,6 @@ topic must exist. `streamtrain job run` and `streamtrain demo` are built on this
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -173,12 +172,12 @@ class LocalJob:
 
     def state(self) -> str | None:
         """The job's state in etcd: "running", "finished" (a bounded job's last pass), or None."""
-        from streamtrain.schemas import EtcdKeys
+        from streamtrain.schemas import EtcdKeys, JobState, SchemaError
 
         entry = self._running_monitor().etcd.get(EtcdKeys(self.name).state)
         try:
-            return json.loads(entry.value).get("state") if entry is not None else None
-        except (ValueError, AttributeError):
+            return JobState.from_json(entry.value).state if entry is not None else None
+        except SchemaError:
             return None
 
     def wait_finished(self, timeout_s: float | None = None, stop: threading.Event | None = None,

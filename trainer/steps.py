@@ -20,7 +20,6 @@ cap is logged.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -28,7 +27,7 @@ from collections.abc import Callable
 import redis
 
 from streamtrain.jobstate.paramstore import ChannelWatch
-from streamtrain.schemas import RedisKeys
+from streamtrain.schemas import BarrierSteps, RedisKeys
 from streamtrain.trainer.own import OwnPushes
 
 log = logging.getLogger(__name__)
@@ -51,16 +50,16 @@ class StepGate:
     def active(self) -> bool:
         return self.mode in ("sync", "bounded")
 
-    def _read(self) -> list[dict]:
-        return [json.loads(raw) if raw else {"next": 0, "trainers": {}} for raw in self._redis.mget(self._keys)]
+    def _read(self) -> list[BarrierSteps]:
+        return [BarrierSteps.from_json(raw) if raw else BarrierSteps() for raw in self._redis.mget(self._keys)]
 
     def first_step(self) -> int:
         """A trainer joins at the step the barrier is at, not at 0."""
         steps = self._read()
         if self.mode == "sync":
-            return min((s["next"] for s in steps), default=0)
+            return min((s.next for s in steps), default=0)
         # bounded: at the slowest trainer's step, which would otherwise wait for it to catch up
-        return min((v for s in steps for v in s["trainers"].values()), default=-1) + 1
+        return min((v for s in steps for v in s.trainers.values()), default=-1) + 1
 
     def after_push(self, step: int, check: Callable[[], None] = lambda: None) -> int:
         """Wait as the mode says after handing `step` to the committer; returns the step to
@@ -86,7 +85,7 @@ class StepGate:
             heard = self._written.wait(0.05)
             if heard:
                 for shard, document in heard.items():
-                    steps[shard] = json.loads(document)
+                    steps[shard] = BarrierSteps.from_json(document)
             else:
                 steps = self._read()
             self.waited_s = time.monotonic() - began
@@ -95,10 +94,10 @@ class StepGate:
         self._written.close()
 
 
-def next_step(mode: str, step: int, steps: list[dict], trainer_id: str, staleness: int) -> int | None:
-    """The step to go on with after pushing `step`, or None to wait, given each shard's steps
-    document (pserver/barrier.py: `next`, the step it releases next, and `trainers`, each
-    trainer's newest step it has made visible).
+def next_step(mode: str, step: int, steps: list[BarrierSteps], trainer_id: str, staleness: int) -> int | None:
+    """The step to go on with after pushing `step`, or None to wait, given each shard's
+    `BarrierSteps` (`next`, the step it releases next, and `trainers`, each trainer's newest
+    step it has made visible).
 
     sync: once every shard has released `step`. bounded: once every shard shows this trainer's
     own `step` and the slowest trainer is at most `staleness` steps behind it. Waiting for its
@@ -107,10 +106,10 @@ def next_step(mode: str, step: int, steps: list[dict], trainer_id: str, stalenes
     unseen, a WideDeep job fell 0.025-0.028 AUC behind one process (bench/RESULTS.md).
     """
     if mode == "sync":
-        released = min(s["next"] for s in steps)
+        released = min(s.next for s in steps)
         return max(step + 1, released) if released > step else None
-    own = min(s["trainers"].get(trainer_id, -1) for s in steps)
-    slowest = min((v for s in steps for v in s["trainers"].values()), default=own)
+    own = min(s.trainers.get(trainer_id, -1) for s in steps)
+    slowest = min((v for s in steps for v in s.trainers.values()), default=own)
     return step + 1 if own >= step and step - slowest <= staleness else None
 
 

@@ -21,7 +21,7 @@ from streamtrain.jobstate.errors import TaskLostError
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.tasks import ClaimedTask, TaskClient
 from streamtrain.master.service import Master
-from streamtrain.schemas import EtcdKeys, PartitionCursor
+from streamtrain.schemas import EtcdKeys, Holder, PartitionCursor
 from streamtrain.trainer.reader import RangeReader
 
 T = TypeVar("T")
@@ -195,10 +195,8 @@ def publish_job(etcd: Etcd, config: JobConfig) -> None:
 
 
 def leader_name(etcd: Etcd, job: str) -> str | None:
-    import json
-
     entry = etcd.get(EtcdKeys(job).master_lock)
-    return json.loads(entry.value)["master"] if entry else None
+    return Holder.from_json(entry.value).name if entry else None
 
 
 def cursors(etcd: Etcd, job: str) -> dict[tuple[str, int], PartitionCursor]:

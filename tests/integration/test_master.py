@@ -332,11 +332,13 @@ def _dead_pid() -> int:
 
 
 def _held_by(etcd: Etcd, key: str, pid: int) -> None:
+    from dataclasses import replace
+
     from streamtrain.jobstate.etcd import put_op
-    from streamtrain.jobstate.predecessors import this_machine
+    from streamtrain.jobstate.predecessors import this_holder
 
     lease = etcd.lease(30)
-    etcd.txn([], [put_op(key, json.dumps({**this_machine(), "pid": pid}).encode(), lease)])
+    etcd.txn([], [put_op(key, replace(this_holder("pserver", "0"), pid=pid).to_json(), lease)])
 
 
 def test_a_key_whose_holder_is_a_dead_process_of_this_machine_is_taken_at_once(services, unique) -> None:

@@ -12,7 +12,7 @@ from conftest import wait_for
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.master.service import Master
 from streamtrain.pserver.shard import PserverShard, ShardOptions
-from streamtrain.schemas import EtcdKeys
+from streamtrain.schemas import BarrierSteps, EtcdKeys, RedisKeys
 from test_trainer import (MODEL, Background, applied_exactly, finished, make_job, shard_stats,
                           trainer_process, write_examples)
 from streamtrain.trainer.worker import Trainer
@@ -72,7 +72,8 @@ def test_bounded_staleness_keeps_trainers_within_s_steps(services, redis_conn, t
     spread = []
 
     def watch() -> bool:
-        steps = json.loads(redis_conn.get(f"st:{config.name}:steps:0") or b'{"trainers": {}}')["trainers"]
+        raw = redis_conn.get(RedisKeys(config.name).steps(0))
+        steps = BarrierSteps.from_json(raw).trainers if raw else {}
         # The bound holds back a trainer ahead of one that is still training; once one has no
         # task left, the other rightly goes on (after the gate's capped wait).
         holders = {json.loads(e.value)["trainer_id"] for e in coord.range(EtcdKeys(config.name).tasks("pending"))}

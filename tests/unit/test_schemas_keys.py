@@ -122,3 +122,29 @@ def test_bad_redis_key_parts_raise_schema_error(call, field):
 
 def test_bad_grad_shard_raises_schema_error():
     raises_naming("Topics", "shard", Topics("ctr").grad, -1)
+
+
+def test_etcd_keys_parse_back_to_their_parts():
+    keys = EtcdKeys("ctr")
+    assert keys.trainer_of(keys.trainer("t-0")) == "t-0"
+    assert keys.ps_index_of(keys.ps(12)) == 12
+    task_id = "clicks:0:00000000000000000512"
+    assert all(keys.task_id_of(keys.task(state, task_id)) == task_id for state in ("todo", "pending", "done", "failed"))
+    assert keys.checkpoint_path(keys.checkpoint_rolled_back("c-1", 3)) == ("c-1", "rolled", "3")
+    assert keys.checkpoint_path(keys.checkpoints_latest) == ("latest",)
+
+
+@pytest.mark.parametrize(
+    "call, field",
+    [
+        (lambda k: k.trainer_of("/streamtrain/other/trainers/t-0"), "trainer_id"),
+        (lambda k: k.trainer_of(k.trainers_prefix), "trainer_id"),
+        (lambda k: k.trainer_of(k.trainer("t") + "/x"), "trainer_id"),
+        (lambda k: k.ps_index_of(k.ps_prefix + "01"), "ps.index"),
+        (lambda k: k.ps_index_of(k.ps_prefix + "x"), "ps.index"),
+        (lambda k: k.task_id_of(k.tasks_prefix + "lost/t"), "tasks.state"),
+        (lambda k: k.checkpoint_path(k.trainer("t")), "checkpoint"),
+    ],
+)
+def test_keys_that_are_not_of_their_kind_raise_schema_error(call, field):
+    raises_naming("EtcdKeys", field, call, EtcdKeys("ctr"))

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from streamtrain.schemas import BarrierSteps
 from streamtrain.trainer.steps import next_step
 
 
-def shards(*trainers: dict[str, int], next_: int = 0) -> list[dict]:
-    return [{"next": next_, "trainers": t} for t in trainers]
+def shards(*trainers: dict[str, int], next_: int = 0) -> list[BarrierSteps]:
+    return [BarrierSteps(next_, t) for t in trainers]
 
 
 def test_sync_goes_on_once_every_shard_released_the_step() -> None:
-    assert next_step("sync", 5, [{"next": 6, "trainers": {}}, {"next": 5, "trainers": {}}], "a", 0) is None
+    assert next_step("sync", 5, [BarrierSteps(6), BarrierSteps(5)], "a", 0) is None
     assert next_step("sync", 5, shards({}, {}, next_=6), "a", 0) == 6
     # A trainer that was away joins the barrier where it is.
     assert next_step("sync", 5, shards({}, {}, next_=9), "a", 0) == 9

@@ -1,0 +1,126 @@
+"""The job's documents outside the control plane: where it stands, who runs it, and how far
+each shard's barrier has got.
+
+| document | where | written by | read by |
+|---|---|---|---|
+| `JobState` | etcd `state` | the master, after a bounded job's last pass | the master, `status`, `LocalJob` |
+| `Holder` | etcd `master/lock`, `trainers/<id>`, `ps/<i>` (each under its lease) | the master, each trainer, each shard | `status`, the master, a successor taking over a dead holder's key |
+| `BarrierSteps` | Redis `steps:<i>`, and the channel `steps-written:<i>` | shard i's publisher (sync and bounded) | trainers waiting after a push |
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from . import _json
+from ._check import U32_MAX, Check
+
+VERSION = 1
+_STATES = ("running", "finished")
+_ROLES = ("master", "trainer", "pserver")
+
+State = Literal["running", "finished"]
+Role = Literal["master", "trainer", "pserver"]
+
+
+@dataclass(frozen=True)
+class JobState:
+    """A job is running until its master marks a bounded job finished after the last pass."""
+
+    state: State
+    at: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.state not in _STATES:
+            raise _state.error("state", f"{self.state!r} is not one of {_STATES}")
+        if self.at is not None:
+            _state.number("at", self.at)
+
+    @property
+    def finished(self) -> bool:
+        return self.state == "finished"
+
+    def to_json(self) -> bytes:
+        return _json.dumps({"v": VERSION, **{k: v for k, v in asdict(self).items() if v is not None}})
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> JobState:
+        """Raises: SchemaError."""
+        doc = _json.loads(_state, data)
+        return cls(_json.field(_state, doc, "state"), doc.get("at"))
+
+
+@dataclass(frozen=True)
+class Holder:
+    """The process that holds a key under its lease: the master's lock, a trainer's or a shard's
+    membership. `name` is the master's identity, the trainer id or the shard index; `host`,
+    `boot` (boot id) and `pidns` (pid namespace), "" where unknown, tell a successor on the
+    same machine whether `pid` is gone, so it takes the key without waiting out the lease
+    (jobstate/predecessors.py). `address`: where a shard serves, if anywhere."""
+
+    role: Role
+    name: str
+    pid: int
+    host: str
+    boot: str = ""
+    pidns: str = ""
+    since: float = 0.0
+    address: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.role not in _ROLES:
+            raise _holder.error("role", f"{self.role!r} is not one of {_ROLES}")
+        _holder.text("name", self.name, max_bytes=255)
+        _holder.integer("pid", self.pid, hi=U32_MAX)
+        for key in ("host", "boot", "pidns"):
+            if not isinstance(getattr(self, key), str):
+                raise _holder.error(key, f"expected a string, got {type(getattr(self, key)).__name__}")
+        _holder.number("since", self.since)
+        if self.address is not None:
+            _holder.text("address", self.address)
+
+    def to_json(self) -> bytes:
+        return _json.dumps({"v": VERSION, **{k: v for k, v in asdict(self).items() if v is not None}})
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> Holder:
+        """Raises: SchemaError."""
+        doc = _json.loads(_holder, data)
+
+        def get(key: str) -> object:
+            return _json.field(_holder, doc, key)
+
+        return cls(get("role"), get("name"), get("pid"), get("host"), doc.get("boot", ""), doc.get("pidns", ""),
+                   doc.get("since", 0.0), doc.get("address"))
+
+
+@dataclass(frozen=True)
+class BarrierSteps:
+    """Where shard i's barrier stands once its changes are published: `next`, the step it
+    releases next (sync), and `trainers`, each trainer's newest step it has made visible."""
+
+    next: int = 0
+    trainers: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _steps.integer("next", self.next)
+        if not isinstance(self.trainers, dict):
+            raise _steps.error("trainers", "expected an object of trainer id -> step")
+        for trainer, step in self.trainers.items():
+            # -1: a trainer that joined and has not stepped yet
+            _steps.integer(f"trainers.{trainer}", step, lo=-1)
+
+    def to_json(self) -> bytes:
+        return _json.dumps({"v": VERSION, "next": self.next, "trainers": self.trainers})
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> BarrierSteps:
+        """Raises: SchemaError."""
+        doc = _json.loads(_steps, data)
+        return cls(_json.field(_steps, doc, "next"), _json.obj(_steps, _json.field(_steps, doc, "trainers"), "trainers"))
+
+
+_state = Check("JobState", VERSION)
+_holder = Check("Holder", VERSION)
+_steps = Check("BarrierSteps", VERSION)
