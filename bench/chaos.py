@@ -55,7 +55,7 @@ from streamtrain.jobstate.config import JobConfig
 from streamtrain.jobstate.errors import CoordinationError
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.sharding import SlotMap
-from streamtrain.schemas import EtcdKeys, RedisKeys
+from streamtrain.schemas import EtcdKeys, JobState, RedisKeys, ShardStats
 from streamtrain.supervisor import Supervisor, pid_alive
 from streamtrain.trainer.scoring import Scorer
 
@@ -133,8 +133,7 @@ def is_back(fault: Fault, mark: object) -> bool:
     if mark is _UNKNOWN:
         return False
     if fault.mark_kind == "shard":
-        return bool(mark.get("serving")) and mark.get("at", 0) > fault.resumed_at and \
-            (fault.frozen or mark.get("pid") != fault.pid)
+        return mark.serving and mark.at > fault.resumed_at and (fault.frozen or mark.pid != fault.pid)
     if fault.before is _UNKNOWN or fault.before is _PENDING:
         return False
     if fault.mark_kind == "trainer":
@@ -185,10 +184,11 @@ class Probe:
             return None
         if not all(raw):
             return None
-        return min(json.loads(r).get("examples", 0) for r in raw)
+        return min(ShardStats.from_json(r).examples for r in raw)
 
-    def stats(self) -> list[dict]:
-        return [json.loads(self._redis.get(self.redis_keys.stats(s)) or b"{}") for s in range(SHARDS)]
+    def stats(self) -> list[ShardStats | None]:
+        raw = self._redis.mget([self.redis_keys.stats(s) for s in range(SHARDS)])
+        return [ShardStats.from_json(r) if r else None for r in raw]
 
     def mark(self, kind: str, target: str) -> object:
         """The target's progress mark (_UNKNOWN: not readable now). A trainer: the newest of its
@@ -203,7 +203,7 @@ class Probe:
                 return max(json.loads(r).get(target, -1) for r in raw)
             if kind == "shard":
                 raw = self._redis.get(self.redis_keys.stats(int(target)))
-                return json.loads(raw) if raw else _UNKNOWN
+                return ShardStats.from_json(raw) if raw else _UNKNOWN
             if kind == "master":
                 entry = self._etcd_client().get(self.etcd_keys.master_lock)
                 return entry.create_revision if entry else None
@@ -216,7 +216,7 @@ class Probe:
             entry = self._etcd_client().get(self.etcd_keys.state)
         except CoordinationError:
             return False
-        return entry is not None and json.loads(entry.value).get("state") == "finished"
+        return entry is not None and JobState.from_json(entry.value).finished
 
     def _etcd_client(self) -> Etcd:
         if self._etcd is None:
@@ -415,16 +415,17 @@ def expected_counts(records: int, topic: str, passes: int) -> dict[str, int]:
     return {f"{topic}:0": (records + 1) // 2 * passes, f"{topic}:1": records // 2 * passes}
 
 
-def ledger(stats: list[dict], want: dict[str, int]) -> dict:
-    """Examples lost and applied twice, over the shards and partitions."""
+def ledger(stats: list[ShardStats | None], want: dict[str, int]) -> dict:
+    """Examples lost and applied twice, over the shards and partitions (None: a shard that
+    never wrote its stats, so applied nothing)."""
     lost = twice = 0
     for shard in stats:
-        got = shard.get("examples_by_partition") or {}
+        got = shard.examples_by_partition if shard is not None else {}
         for partition, n in want.items():
             diff = got.get(partition, 0) - n
             lost, twice = lost + max(0, -diff), twice + max(0, diff)
-    return {"lost": lost, "applied_twice": twice, "dropped_groups": sum(s.get("dropped", 0) for s in stats),
-            "bad": sum(s.get("bad", 0) for s in stats)}
+    return {"lost": lost, "applied_twice": twice, "dropped_groups": sum(s.dropped for s in stats if s is not None),
+            "bad": sum(s.bad for s in stats if s is not None)}
 
 
 def recovery(run: Run, reference_rate: float) -> dict[str, dict]:

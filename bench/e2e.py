@@ -55,7 +55,7 @@ from streamtrain.jobstate.config import JobConfig
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.producers.clickmodel import ClickModel, ClickModelConfig, ImpressionColumns, auc
-from streamtrain.schemas import EtcdKeys, Example, RedisKeys
+from streamtrain.schemas import EtcdKeys, Example, RedisKeys, ShardStats
 from streamtrain.trainer.features import Featurizer
 from streamtrain.trainer.params import RowLayout
 from streamtrain.trainer.scoring import Scorer
@@ -269,7 +269,7 @@ def applied(redis_conn, job: str) -> int:
     counts = []
     for shard in range(2):
         raw = redis_conn.get(RedisKeys(job).stats(shard))
-        counts.append(json.loads(raw).get("examples", 0) if raw else 0)
+        counts.append(ShardStats.from_json(raw).examples if raw else 0)
     return min(counts)
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from streamtrain.schemas import ShardStats
+
 PORT_ENV = "STREAMTRAIN_METRICS_PORT"
 
 # Per mini-batch pulls and compute, per commit, per publish: milliseconds to seconds.
@@ -208,7 +210,7 @@ class TrainerMetrics:
             self.freshness_seconds.observe(max(committed_at - max_event_time_ms / 1000, 0.0))
 
 
-# Keys of `PserverShard.stats()` that are cumulative counts, named as the families' attributes.
+# Fields of `ShardStats` that are cumulative counts, named as the families' attributes.
 _STAT_COUNTERS = ("deltas", "rows", "dropped", "bad", "examples", "publishes", "rows_published",
                   "republished", "checkpoints")
 
@@ -230,26 +232,21 @@ class PserverMetrics:
             family.labels(*ls)
         return cls(job, shard, f.publish.labels(*ls), f.checkpoint.labels(*ls), f)
 
-    def observe_stats(self, stats: dict) -> None:
-        """Take a `PserverShard.stats()` dict: its cumulative counts advance the counters by what
+    def observe_stats(self, stats: ShardStats) -> None:
+        """Take a shard's `ShardStats`: its cumulative counts advance the counters by what
         they grew since the last call (a count that went down, e.g. a restored total, restarts
         the difference from there); version, offset, serving and ledger size set the gauges."""
         ls = (self.job, str(self.shard))
         for key in _STAT_COUNTERS:
-            value = stats.get(key)
-            if not isinstance(value, (int, float)):
-                continue
+            value = getattr(stats, key)
             grown = value - self._seen.get(key, 0)
             if grown > 0:
                 getattr(self._f, key).labels(*ls).inc(grown)
             self._seen[key] = value
         for key, gauge in (("version", self._f.version), ("offset", self._f.offset),
                            ("dedup_entries", self._f.dedup_entries)):
-            value = stats.get(key)
-            if isinstance(value, (int, float)):
-                gauge.labels(*ls).set(value)
-        if "serving" in stats:
-            self._f.serving.labels(*ls).set(1 if stats["serving"] else 0)
+            gauge.labels(*ls).set(getattr(stats, key))
+        self._f.serving.labels(*ls).set(1 if stats.serving else 0)
 
 
 def scrape(url: str, timeout: float = 10.0) -> dict[str, float]:

@@ -14,7 +14,6 @@ publishing thread (publishing.py) only copies changed rows, under the same lock.
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import os
 import socket
@@ -43,8 +42,8 @@ from streamtrain.pserver.control import checkpoint_to_take, rolled_back_id
 from streamtrain.pserver.publisher import Publisher
 from streamtrain.pserver.publishing import BackgroundPublisher
 from streamtrain.pserver.state import BadDeltaError, ShardState
-from streamtrain.schemas import (BarrierSteps, CheckpointRequest, DeadLetter, EtcdKeys, GradientDelta, LatestCheckpoint, PartitionCursor,
-                                RedisKeys, RollbackAck, RollbackRequest, SchemaError, ShardCheckpoint, Topics)
+from streamtrain.schemas import (BarrierStats, BarrierSteps, CheckpointRequest, DeadLetter, EtcdKeys, GradientDelta, LatestCheckpoint, PartitionCursor,
+                                RedisKeys, RollbackAck, RollbackRequest, SchemaError, ShardCheckpoint, ShardStats, Topics)
 
 log = logging.getLogger(__name__)
 
@@ -352,26 +351,24 @@ class PserverShard:
         self._control()
         stats = self.stats()
         self.metrics.observe_stats(stats)
-        self.redis.set(self.redis_keys.stats(self.index), json.dumps(stats))
+        self.redis.set(self.redis_keys.stats(self.index), stats.to_json())
 
-    def stats(self) -> dict:
+    def stats(self) -> ShardStats:
         state = self.state
         by_partition = state.examples_by_partition()
-        return {
-            "shard": self.index, "pid": os.getpid(), "serving": self.serving,
-            "version": self.publishing.version,
-            "offset": self.next_offset, "deltas": self.counters.deltas, "rows": self.counters.rows,
-            "dropped": state.dedup.dropped, "bad": self.counters.bad,
-            "publishes": self.publishing.publishes, "republished": self.publishing.republished,
-            "rows_published": self.publishing.rows,
-            "checkpoint": self.checkpoint_id, "checkpoints": self.counters.checkpoints,
-            "dedup_entries": state.dedup.entries, "fold_checks": self.fold_checks,
-            "barrier": {"next_step": self.barrier.next_step, "waiting": self.barrier.waiting,
-                        "participants": sorted(self.barrier.participants())} if self.barrier.sync else None,
-            "examples": sum(by_partition.values()), "examples_by_partition": dict(by_partition),
-            "table_rows": {name: t.size for name, t in state.tables.items()},
-            "at": time.time(),
-        }
+        return ShardStats(
+            shard=self.index, pid=os.getpid(), serving=self.serving, at=time.time(),
+            version=self.publishing.version, offset=self.next_offset, deltas=self.counters.deltas,
+            rows=self.counters.rows, dropped=state.dedup.dropped, bad=self.counters.bad,
+            publishes=self.publishing.publishes, republished=self.publishing.republished,
+            rows_published=self.publishing.rows, checkpoints=self.counters.checkpoints,
+            dedup_entries=state.dedup.entries, fold_checks=self.fold_checks, examples=sum(by_partition.values()),
+            checkpoint=self.checkpoint_id,
+            barrier=BarrierStats(self.barrier.next_step, self.barrier.waiting, sorted(self.barrier.participants()))
+            if self.barrier.sync else None,
+            examples_by_partition=dict(by_partition),
+            table_rows={name: t.size for name, t in state.tables.items()},
+        )
 
     # -- dedup folding -------------------------------------------------------------------
     def _fold_dedup(self) -> None:

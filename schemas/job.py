@@ -6,12 +6,13 @@ each shard's barrier has got.
 | `JobState` | etcd `state` | the master, after a bounded job's last pass | the master, `status`, `LocalJob` |
 | `Holder` | etcd `master/lock`, `trainers/<id>`, `ps/<i>` (each under its lease) | the master, each trainer, each shard | `status`, the master, a successor taking over a dead holder's key |
 | `BarrierSteps` | Redis `steps:<i>`, and the channel `steps-written:<i>` | shard i's publisher (sync and bounded) | trainers waiting after a push |
+| `ShardStats` | Redis `stats:<i>`, every housekeeping pass (about a second) | shard i | the live view and `LocalJob.status`, benches, tests |
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Literal
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal
 
 from . import _json
 from ._check import U32_MAX, Check
@@ -121,6 +122,91 @@ class BarrierSteps:
         return cls(_json.field(_steps, doc, "next"), _json.obj(_steps, _json.field(_steps, doc, "trainers"), "trainers"))
 
 
+@dataclass(frozen=True)
+class BarrierStats:
+    """A sync shard's barrier: the step it releases next, deltas held back, and the trainers
+    it waits for."""
+
+    next_step: int
+    waiting: int
+    participants: list[str]
+
+
+_COUNTS = ("version", "offset", "deltas", "rows", "dropped", "bad", "publishes", "republished", "rows_published",
+           "checkpoints", "dedup_entries", "fold_checks", "examples")
+
+
+@dataclass(frozen=True)
+class ShardStats:
+    """What shard `shard` has done since it started serving (counts restored with its
+    checkpoint: `examples`, `dropped`, `dedup_entries`; the rest since the process began).
+
+    `offset`: the next gradient offset it reads (everything before is applied); `version`: its
+    publish version; `checkpoint`: the checkpoint it holds; `examples_by_partition`: examples
+    applied per input `topic:partition` (each exactly once: the ledger); `table_rows`: rows per
+    table; `at`: when it wrote this (epoch s)."""
+
+    shard: int
+    pid: int
+    serving: bool
+    at: float
+    version: int = 0
+    offset: int = 0
+    deltas: int = 0
+    rows: int = 0
+    dropped: int = 0
+    bad: int = 0
+    publishes: int = 0
+    republished: int = 0
+    rows_published: int = 0
+    checkpoints: int = 0
+    dedup_entries: int = 0
+    fold_checks: int = 0
+    examples: int = 0
+    checkpoint: str | None = None
+    barrier: BarrierStats | None = None
+    examples_by_partition: dict[str, int] = field(default_factory=dict)
+    table_rows: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _stats.integer("shard", self.shard, hi=U32_MAX)
+        _stats.integer("pid", self.pid, hi=U32_MAX)
+        if not isinstance(self.serving, bool):
+            raise _stats.error("serving", f"expected a boolean, got {type(self.serving).__name__}")
+        _stats.number("at", self.at)
+        for key in _COUNTS:
+            _stats.integer(key, getattr(self, key))
+        if self.checkpoint is not None:
+            _stats.text("checkpoint", self.checkpoint)
+        for name in ("examples_by_partition", "table_rows"):
+            counts = getattr(self, name)
+            if not isinstance(counts, dict):
+                raise _stats.error(name, "expected an object of name -> count")
+            for key, count in counts.items():
+                _stats.integer(f"{name}.{key}", count)
+
+    def to_json(self) -> bytes:
+        return _json.dumps({"v": VERSION, **asdict(self)})
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> ShardStats:
+        """Raises: SchemaError."""
+        doc = _json.loads(_stats, data)
+        known = {f.name for f in fields(cls)}
+        values: dict[str, Any] = {k: v for k, v in doc.items() if k in known}
+        for key in ("shard", "pid", "serving", "at"):
+            _json.field(_stats, doc, key)
+        barrier = values.get("barrier")
+        if barrier is not None:
+            barrier = _json.obj(_stats, barrier, "barrier")
+            values["barrier"] = BarrierStats(_stats.integer("barrier.next_step", barrier.get("next_step")),
+                                             _stats.integer("barrier.waiting", barrier.get("waiting")),
+                                             list(_json.array(_stats, barrier.get("participants"),
+                                                              "barrier.participants")))
+        return cls(**values)
+
+
 _state = Check("JobState", VERSION)
 _holder = Check("Holder", VERSION)
 _steps = Check("BarrierSteps", VERSION)
+_stats = Check("ShardStats", VERSION)

@@ -27,6 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from streamtrain.infra import Endpoints
+from streamtrain.schemas import ShardStats
 from streamtrain.supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ class Snapshot:
     event_to_trained_s: float | None = None  # median over the rolling tasks
     newest_trained_age_s: float | None = None  # now − newest event time trained on
     timings: dict[str, float] = field(default_factory=dict)  # per-task means, seconds
-    shards: list[dict] = field(default_factory=list)
+    shards: list[ShardStats | None] = field(default_factory=list)  # None: not written yet
     errors: list[str] = field(default_factory=list)
 
 
@@ -142,9 +143,9 @@ class JobMonitor:
             snap.errors.append(f"metrics: {exc}")
         try:
             raw = self.redis.mget(self.stats_keys)
-            snap.shards = [json.loads(r) if r else {} for r in raw]
-            applied = [s.get("examples") for s in snap.shards]
-            snap.applied = min(applied) if applied and None not in applied else None
+            snap.shards = [ShardStats.from_json(r) if r else None for r in raw]
+            applied = [s.examples for s in snap.shards if s is not None]
+            snap.applied = min(applied) if applied and len(applied) == len(snap.shards) else None
         except Exception as exc:  # noqa: BLE001
             snap.errors.append(f"shard stats: {exc}")
 
@@ -261,10 +262,10 @@ def render(snap: Snapshot, supervisor: Supervisor, job: str, events: list[str]) 
         detail = ""
         if c.name.startswith("pserver-"):
             i = int(c.name.split("-", 1)[1])
-            s = snap.shards[i] if i < len(snap.shards) else {}
-            if s:
-                detail = (f"v{_num(s.get('version'))}  {_num(s.get('examples'))} applied  "
-                          f"{_num(s.get('checkpoints'))} ckpt" + (f"  {s['dropped']:,} dups" if s.get("dropped") else ""))
+            s = snap.shards[i] if i < len(snap.shards) else None
+            if s is not None:
+                detail = (f"v{s.version}  {s.examples:,} applied  {s.checkpoints} ckpt"
+                          + (f"  {s.dropped:,} dups" if s.dropped else ""))
         elif c.name == "master" and c.pid is not None:
             detail = "leader" if snap.leader_pid == c.pid else "standby"
         procs.add_row(c.name, f"[{colour}]{c.state}[/{colour}]", _num(c.pid, "{}"), str(c.restarts),

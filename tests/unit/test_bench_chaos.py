@@ -6,6 +6,7 @@ import numpy as np
 
 from bench.chaos import (_PENDING, _UNKNOWN, Fault, Run, expected_counts, fault_log, first_at_or_above, is_back, ledger,
                          recovery, schedule, trailing_rates)
+from streamtrain.schemas import ShardStats
 
 
 def test_a_schedule_brings_up_every_kind_once_a_round_in_a_seeded_order() -> None:
@@ -33,9 +34,10 @@ def test_the_rate_is_back_at_the_end_of_the_first_window_after_the_fault_at_the_
 def test_the_ledger_counts_examples_lost_and_applied_twice_per_shard_and_partition() -> None:
     want = expected_counts(5, "t", passes=2)
     assert want == {"t:0": 6, "t:1": 4}
-    stats = [{"examples_by_partition": {"t:0": 6, "t:1": 4}, "dropped": 3},
-             {"examples_by_partition": {"t:0": 5, "t:1": 5}, "dropped": 1}]
+    stats = [ShardStats(0, 7, True, 1.0, examples_by_partition={"t:0": 6, "t:1": 4}, dropped=3),
+             ShardStats(1, 8, True, 1.0, examples_by_partition={"t:0": 5, "t:1": 5}, dropped=1)]
     assert ledger(stats, want) == {"lost": 1, "applied_twice": 1, "dropped_groups": 4, "bad": 0}
+    assert ledger([stats[0], None], want)["lost"] == 10  # a shard that never wrote applied nothing
 
 
 def test_recovery_counts_a_freeze_from_its_resume_and_a_kill_from_the_kill() -> None:
@@ -55,13 +57,13 @@ def test_recovery_counts_a_freeze_from_its_resume_and_a_kill_from_the_kill() -> 
 
 def test_a_killed_shard_is_back_when_another_process_serves_and_wrote_its_stats_since() -> None:
     fault = Fault("shard", "0", at=100.0, pid=7, mark_kind="shard", resumed_at=100.0, before=_PENDING)
-    assert not is_back(fault, {"pid": 7, "serving": True, "at": 101.0})  # the killed one's last words
-    assert not is_back(fault, {"pid": 8, "serving": False, "at": 101.0})  # still replaying
-    assert not is_back(fault, {"pid": 8, "serving": True, "at": 99.0})
+    assert not is_back(fault, ShardStats(0, 7, True, 101.0))  # the killed one's last words
+    assert not is_back(fault, ShardStats(0, 8, False, 101.0))  # still replaying
+    assert not is_back(fault, ShardStats(0, 8, True, 99.0))
     assert not is_back(fault, _UNKNOWN)
-    assert is_back(fault, {"pid": 8, "serving": True, "at": 101.0})
+    assert is_back(fault, ShardStats(0, 8, True, 101.0))
     thawed = Fault("freeze shard", "0", at=90.0, pid=7, mark_kind="shard", resumed_at=100.0)
-    assert is_back(thawed, {"pid": 7, "serving": True, "at": 101.0})
+    assert is_back(thawed, ShardStats(0, 7, True, 101.0))
 
 
 def test_a_trainer_is_back_once_a_push_made_after_its_mark_was_taken_is_published() -> None:

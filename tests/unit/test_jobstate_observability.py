@@ -7,6 +7,7 @@ import uuid
 import pytest
 
 from streamtrain.curves import Curves
+from streamtrain.schemas import ShardStats
 from streamtrain.jobstate.observability import scrape as scrape_url
 from streamtrain.jobstate.observability import (PORT_ENV, MasterMetrics, PserverMetrics, TrainerMetrics, metrics_port,
                                                 serve_metrics)
@@ -37,8 +38,8 @@ def test_the_exporter_binds_a_free_port_and_serves_every_process_metric(port) ->
     t.task_ended("done")
     t.task_committed(0.42, 0.77, max_event_time_ms=1_000_000, committed_at=1_003.5)
     p = PserverMetrics.for_shard(job, 1)
-    p.observe_stats({"deltas": 4, "rows": 40, "dropped": 1, "bad": 0, "version": 7, "offset": 11,
-                     "serving": True, "examples": 512, "dedup_entries": 3})
+    p.observe_stats(ShardStats(1, 7, True, 1.0, deltas=4, rows=40, dropped=1, version=7, offset=11, examples=512,
+                               dedup_entries=3))
     p.publish_seconds.observe(0.01)
 
     assert port > 0
@@ -81,9 +82,9 @@ def test_the_exporter_binds_a_free_port_and_serves_every_process_metric(port) ->
 def test_pserver_counters_follow_the_cumulative_stats(port) -> None:
     job = f"obs-{uuid.uuid4().hex[:8]}"
     p = PserverMetrics.for_shard(job, 0)
-    p.observe_stats({"deltas": 10, "rows": 100, "version": 1, "serving": False})
-    p.observe_stats({"deltas": 15, "rows": 100, "version": 2, "serving": True})
-    p.observe_stats({"deltas": 15})  # a stats dict without some keys leaves them alone
+    p.observe_stats(ShardStats(0, 7, False, 1.0, deltas=10, rows=100, version=1))
+    p.observe_stats(ShardStats(0, 7, True, 2.0, deltas=15, rows=100, version=2))
+    p.observe_stats(ShardStats(0, 7, True, 3.0, deltas=12, rows=100, version=2))  # restored lower: restarts from there
     got = scrape(port)
     sl = f"job={job},shard=0"
     assert got[f"streamtrain_pserver_deltas_applied_total{{{sl}}}"] == 15

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from streamtrain.schemas import BarrierSteps, Holder, JobState, SchemaError
+from streamtrain.schemas import BarrierStats, BarrierSteps, Holder, JobState, SchemaError, ShardStats
 
 DOCUMENTS = [
     JobState("finished", 12.5),
@@ -45,3 +45,22 @@ def test_a_malformed_document_names_its_format_and_field(cls, doc, field) -> Non
     with pytest.raises(SchemaError) as caught:
         cls.from_json(json.dumps(doc))
     assert caught.value.format == cls.__name__ and caught.value.field == field, caught.value
+
+
+def test_shard_stats_round_trip_with_and_without_a_barrier() -> None:
+    plain = ShardStats(1, 77, True, 5.0, version=3, offset=900, examples=512, checkpoint="c-1",
+                       examples_by_partition={"clicks:0": 300, "clicks:1": 212}, table_rows={"emb": 40})
+    synced = ShardStats(0, 78, False, 6.0, barrier=BarrierStats(12, 2, ["t-0", "t-1"]))
+    for stats in (plain, synced):
+        assert ShardStats.from_json(stats.to_json()) == stats
+
+
+def test_shard_stats_name_a_bad_count_and_ignore_keys_they_do_not_know() -> None:
+    doc = json.loads(ShardStats(1, 77, True, 5.0).to_json())
+    assert ShardStats.from_json(json.dumps({**doc, "later": 1})) == ShardStats(1, 77, True, 5.0)
+    for key, value, field in (("examples", -1, "examples"), ("serving", 1, "serving"),
+                              ("examples_by_partition", {"clicks:0": "3"}, "examples_by_partition.clicks:0"),
+                              ("barrier", {"next_step": 1, "waiting": 0}, "barrier.participants")):
+        with pytest.raises(SchemaError) as caught:
+            ShardStats.from_json(json.dumps({**doc, key: value}))
+        assert caught.value.field == field, caught.value
