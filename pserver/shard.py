@@ -6,9 +6,12 @@ the gradient topic to the offset it saved, replay up to the last stable offset s
 same code path as serving, so a restarted shard ends where an unkilled one would: the same
 deltas in the same total order (one partition per shard topic) through the same dedup ledger.
 
+The parts: reading the gradient topic (gradlog.py), the state and its update rule (state.py),
+the sync barrier (barrier.py), publishing to Redis (publishing.py, publisher.py), checkpoints
+(checkpoint.py) and the decisions about control requests (control.py); this module runs them.
 One thread does everything that changes the state (consume, apply, checkpoint, roll back), so
 a checkpoint is always of a state that applied exactly the deltas before its saved offset; the
-publishing thread (publishing.py) only copies changed rows, under the same lock.
+publishing thread only copies changed rows, under the same lock.
 """
 
 from __future__ import annotations
@@ -23,33 +26,30 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from streamtrain.infra import Endpoints
-from streamtrain.infra.clients import TopicSpec, ensure_topics, redis_client
+from streamtrain.infra.clients import redis_client
 from streamtrain.jobstate.checkpoints import new_checkpoint_id
 from streamtrain.jobstate.config import JobConfig
 from streamtrain.jobstate.errors import CoordinationError, MasterError
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.membership import register_pserver, wait_for_job_config
 from streamtrain.jobstate.observability import PserverMetrics
-from streamtrain.jobstate.offsets import InputOffsets, InputUnavailableError
 from streamtrain.jobstate.optimizers import make_rule
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.pserver.barrier import StepBarrier
 from streamtrain.pserver.checkpoint import CheckpointStore
 from streamtrain.pserver.control import checkpoint_to_take, rolled_back_id
+from streamtrain.pserver.gradlog import GradientLog
 from streamtrain.pserver.publisher import Publisher
 from streamtrain.pserver.publishing import BackgroundPublisher
 from streamtrain.pserver.state import BadDeltaError, ShardState
-from streamtrain.schemas import (BarrierStats, BarrierSteps, CheckpointRequest, DeadLetter, EtcdKeys, GradientDelta, LatestCheckpoint, PartitionCursor,
-                                RedisKeys, RollbackAck, RollbackRequest, SchemaError, ShardCheckpoint, ShardStats, Topics)
+from streamtrain.schemas import (BarrierStats, BarrierSteps, CheckpointRequest, EtcdKeys, GradientDelta, LatestCheckpoint,
+                                PartitionCursor, RedisKeys, RollbackAck, RollbackRequest, SchemaError, ShardCheckpoint,
+                                ShardStats)
 
 log = logging.getLogger(__name__)
 
-# Gradient topics must keep everything since the oldest kept checkpoint; a week leaves room
-# for a shard that cannot checkpoint for days (its storage down) without losing updates.
-GRAD_RETENTION_MS = 7 * 24 * 3600 * 1000
 SERVICE_AWAY_S = 1.0  # a periodic step that failed on etcd or Redis is tried again after this
 
 
@@ -89,7 +89,6 @@ class PserverShard:
         self.counters = Counters()
         self.index: int | None = None
         self.state: ShardState | None = None
-        self.next_offset = 0  # next gradient offset to consume: everything before is applied
         self.serving = False
         self.checkpoint_id: str | None = None
         self.lock = threading.Lock()  # held while applying and while the publisher copies
@@ -124,15 +123,7 @@ class PserverShard:
         self.metrics = PserverMetrics.for_shard(config.name, index)
         # Sync mode waits at a step barrier; bounded mode only reports trainers' steps.
         self.barrier = StepBarrier(sync=config.train.sgd == "sync")
-        topics = Topics(config.name)
-        self.grad_topic = topics.grad(index)
-        self.dlq_topic = topics.dlq
-        ensure_topics(self.endpoints, [
-            TopicSpec(self.grad_topic, 1, {"retention.ms": str(GRAD_RETENTION_MS)}),
-            # Keyed by the bad record's position, so compaction keeps one entry per record even
-            # when a replay dead-letters it again.
-            TopicSpec(self.dlq_topic, 1, {"cleanup.policy": "compact"}),
-        ])
+        self.grads = GradientLog(self.endpoints, config.name, index)
         slots_entry = self.etcd.get(self.keys.slots)
         if slots_entry is None:
             raise MasterError(f"job {config.name!r} has no slot map in etcd: start its master first")
@@ -141,40 +132,27 @@ class PserverShard:
         self.store = CheckpointStore(config.pservers.checkpoint_uri, config.name, index,
                                      config.pservers.keep_checkpoints)
         restored = self.store.load_latest(rule)
+        resume = 0
         if restored is None:
-            self.state, self.next_offset = ShardState(rule), 0
+            self.state = ShardState(rule)
         else:
             self.state = restored.state
-            self.next_offset = restored.manifest.grad_offsets.get(self.grad_topic, 0)
+            resume = restored.manifest.grad_offsets.get(self.grads.topic, 0)
             self.checkpoint_id = restored.manifest.checkpoint_id
             log.info("shard %d: loaded checkpoint %s, replaying %s from offset %d", index,
-                     self.checkpoint_id, self.grad_topic, self.next_offset)
+                     self.checkpoint_id, self.grads.topic, resume)
         self.redis = redis_client(self.endpoints)
         self.publishing = BackgroundPublisher(Publisher(self.redis, config.name, index), self.state,
                                               self.lock, self.options.publish_interval_s,
                                               self.options.housekeeping_s, self.metrics.publish_seconds)
-        self.admin = InputOffsets(self.endpoints)
-        self.consumer = Consumer({
-            "bootstrap.servers": self.endpoints.kafka,
-            "group.id": f"{config.name}.pserver.{index}",  # required by librdkafka; never committed
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "auto.offset.reset": "earliest",
-            # The broker answers a fetch as soon as a commit makes deltas readable; the wait only
-            # bounds an idle shard's polling, which at 50 ms cost the broker 5% of a core each.
-            "fetch.wait.max.ms": 500,
-        })
-        self.dlq = Producer({"bootstrap.servers": self.endpoints.kafka, "enable.idempotence": True,
-                             "linger.ms": 20})
         every = self.options.checkpoint_every_s or config.pservers.checkpoint_every_s
         try:
-            self._check_retention()
-            self.consumer.assign([TopicPartition(self.grad_topic, 0, self.next_offset)])
+            self.grads.start(resume)
             self._replay(stop)
             self.publishing.round()  # everything, once, before serving
             self.serving = True
             log.info("shard %d serving at version %s after replaying to offset %d", index,
-                     self.publishing.version, self.next_offset)
+                     self.publishing.version, self.grads.next_offset)
             if ready is not None:
                 ready.set()
             # Frozen, the ~60k long-lived objects of the modules, clients and state are not
@@ -187,52 +165,18 @@ class PserverShard:
                 self.publishing.stop()
                 gc.unfreeze()
         finally:
-            self.consumer.close()
-            self.dlq.flush(10)
+            self.grads.close()
             self.redis.close()
-
-    def _bounds(self, earliest: bool = True, attempts: int = 30):
-        """The gradient partition's offsets; retried, since a topic just created has no
-        leader for a moment."""
-        return self._retried(lambda: self.admin.bounds([(self.grad_topic, 0)], earliest)[(self.grad_topic, 0)],
-                             attempts)
-
-    def _log_end(self) -> int:
-        """Past every delta written so far. Consuming up to it means every delta written before
-        the call was seen; the stable end would stop short of it at any transaction left open
-        on the topic until the broker aborts it."""
-        return self._retried(lambda: self.admin.log_ends([(self.grad_topic, 0)])[(self.grad_topic, 0)])
-
-    def _retried(self, query, attempts: int = 30):
-        for attempt in range(attempts):
-            try:
-                return query()
-            except InputUnavailableError as exc:
-                if attempt == attempts - 1:
-                    raise
-                log.info("shard %s: %s; retrying", self.index, exc)
-                time.sleep(1.0)
-
-    def _check_retention(self) -> None:
-        earliest = self._bounds().earliest
-        if earliest > self.next_offset:
-            log.error("shard %d: %s kept no offsets below %d but the checkpoint resumes at %d: "
-                      "the updates in between are lost; checkpoint more often than the topic's "
-                      "retention", self.index, self.grad_topic, earliest, self.next_offset)
-            self.next_offset = earliest
-
-    def _stable_end(self) -> int:
-        return self._bounds(earliest=False).stable_end
 
     def _replay(self, stop: threading.Event) -> None:
         """Apply everything committed before start-up without publishing row by row: the
         shard publishes everything once replay is done."""
-        end = self._stable_end()
-        started, first = time.monotonic(), self.next_offset
-        while self.next_offset < end and not stop.is_set():
-            self._consume(1000, 0.2)
+        end = self.grads.stable_end()
+        started, first = time.monotonic(), self.grads.next_offset
+        while self.grads.next_offset < end and not stop.is_set():
+            self._consume(timeout=0.2)
         log.info("shard %d: replayed offsets [%d, %d) in %.1f s", self.index, first,
-                 self.next_offset, time.monotonic() - started)
+                 self.grads.next_offset, time.monotonic() - started)
 
     def _loop(self, stop: threading.Event, checkpoint_every_s: float) -> None:
         now = time.monotonic()
@@ -245,7 +189,7 @@ class PserverShard:
                 raise ShardLostError(f"shard {self.index}: lease lost; stopping so a restart recovers")
             if self.publishing.error is not None:
                 raise self.publishing.error
-            self._consume(1000, 0.05)
+            self._consume(timeout=0.05)
             now = time.monotonic()
             if now >= next_fold:
                 self._waiting_out(self._fold_dedup)
@@ -269,40 +213,12 @@ class PserverShard:
             return False
 
     # -- applying ------------------------------------------------------------------------
-    def _consume(self, batch: int, timeout: float) -> None:
-        # Wait for one message at most `timeout`, then take what else is already fetched:
-        # `consume(batch, timeout)` would wait out the whole timeout for the batch to fill,
-        # and every delta would reach the parameters that much later.
-        messages = self.consumer.consume(1, timeout)
-        if messages:
-            messages += self.consumer.consume(batch - 1, 0)
-        for msg in messages:
-            error = msg.error()
-            if error is not None:
-                if error.code() != KafkaError._PARTITION_EOF:
-                    log.warning("shard %d: consumer error: %s", self.index, error)
-                continue
-            self._apply(msg)
-        # The position also moves past transaction markers, which are never delivered: without
-        # it a shard whose last record is a commit marker would never reach the stable end.
-        position = self.consumer.position([TopicPartition(self.grad_topic, 0)])[0].offset
-        if position > self.next_offset:
-            self.next_offset = position
-
-    def _apply(self, msg: Message) -> None:
-        self.next_offset = msg.offset() + 1
-        try:
-            delta = GradientDelta.from_bytes(msg.value())
-            if delta.shard != self.index:
-                raise BadDeltaError(f"delta for shard {delta.shard} on shard {self.index}'s topic")
-            self.state.check(delta)
-        except (SchemaError, BadDeltaError) as exc:
-            self._dead_letter(msg, str(exc))
-            return
-        for ready in self.barrier.offer(delta, msg.offset()):
-            self._apply_delta(ready)
-        if self.config.train.sgd != "async":
-            self._note_steps()
+    def _consume(self, timeout: float) -> None:
+        for delta, offset in self.grads.read(self.state.check, timeout=timeout):
+            for ready in self.barrier.offer(delta, offset):
+                self._apply_delta(ready)
+            if self.config.train.sgd != "async":
+                self._note_steps()
 
     def _note_steps(self) -> None:
         """Hand the barrier's position to the publisher: it is written to Redis after the
@@ -336,16 +252,6 @@ class PserverShard:
             self._apply_delta(ready)
         self._note_steps()
 
-    def _dead_letter(self, msg: Message, reason: str) -> None:
-        self.counters.bad += 1
-        log.warning("shard %d: bad gradient message at %s:%d: %s", self.index, msg.topic(),
-                    msg.offset(), reason)
-        letter = DeadLetter(msg.topic(), msg.partition(), msg.offset(), reason, msg.value() or b"",
-                            self.options.job, int(time.time() * 1000))
-        self.dlq.produce(self.dlq_topic, letter.to_json(),
-                         key=f"{msg.topic()}:{msg.partition()}:{msg.offset()}".encode())
-        self.dlq.poll(0)
-
     # -- serving -------------------------------------------------------------------------
     def _housekeeping(self) -> None:
         self._control()
@@ -358,8 +264,8 @@ class PserverShard:
         by_partition = state.examples_by_partition()
         return ShardStats(
             shard=self.index, pid=os.getpid(), serving=self.serving, at=time.time(),
-            version=self.publishing.version, offset=self.next_offset, deltas=self.counters.deltas,
-            rows=self.counters.rows, dropped=state.dedup.dropped, bad=self.counters.bad,
+            version=self.publishing.version, offset=self.grads.next_offset, deltas=self.counters.deltas,
+            rows=self.counters.rows, dropped=state.dedup.dropped, bad=self.counters.bad + self.grads.bad,
             publishes=self.publishing.publishes, republished=self.publishing.republished,
             rows_published=self.publishing.rows, checkpoints=self.counters.checkpoints,
             dedup_entries=state.dedup.entries, fold_checks=self.fold_checks, examples=sum(by_partition.values()),
@@ -379,7 +285,7 @@ class PserverShard:
         examples lost (a task is done, and the watermark passes it, once its deltas are in
         the topic, not once they are applied)."""
         self.fold_checks += 1
-        if self._fold is not None and self.barrier.applied_below(self.next_offset) >= self._fold[1]:
+        if self._fold is not None and self.barrier.applied_below(self.grads.next_offset) >= self._fold[1]:
             self.state.fold(self._fold[0])
             self._fold = None
         if self._fold is None:
@@ -388,14 +294,14 @@ class PserverShard:
                 cursor = PartitionCursor.from_json(entry.value)
                 watermarks[(cursor.topic, cursor.partition)] = (cursor.pass_no, cursor.trained)
             if watermarks:
-                self._fold = (watermarks, self._log_end())
+                self._fold = (watermarks, self.grads.log_end())
 
     # -- checkpoints ---------------------------------------------------------------------
     def checkpoint(self, checkpoint_id: str | None = None, keep_also: tuple[str, ...] = ()) -> str:
         started = time.monotonic()
         # Deltas waiting at the sync barrier are consumed but not applied: resume before them.
-        resume = self.barrier.applied_below(self.next_offset)
-        manifest = self.store.save(self.state, {self.grad_topic: resume},
+        resume = self.barrier.applied_below(self.grads.next_offset)
+        manifest = self.store.save(self.state, {self.grads.topic: resume},
                                    self.state.dedup.watermarks(), self.slot_map.slots_of(self.index),
                                    checkpoint_id, keep_also=(*keep_also, *self._rollback_target()))
         self.checkpoint_id = manifest.checkpoint_id
@@ -450,9 +356,9 @@ class PserverShard:
             return
         # Everything written before the request is seen: that is every delta of every task
         # the checkpoint's job record calls done (jobstate/checkpoints.py).
-        end = self._log_end()
-        while self.next_offset < end:
-            self._consume(1000, 0.2)
+        end = self.grads.log_end()
+        while self.grads.next_offset < end:
+            self._consume(timeout=0.2)
         self.checkpoint(wanted)
         self._requests_done.add(wanted)
         # The master requests one every `checkpoint_every_s`: this shard takes one of its own
@@ -480,15 +386,14 @@ class PserverShard:
         if self.etcd.get(ack) is not None:
             return
         restored = self.store.load(to, self.state.rule)
-        end = self._log_end()  # every gradient written before the request is from before
+        end = self.grads.log_end()  # every gradient written before the request is from before
         with self.publishing.round_lock, self.lock:
             self.publishing.unpublish_missing(self.state, restored.state)
             self.state = self.publishing.state = restored.state
             self.publishing.republish()
         self.barrier = StepBarrier(sync=self.barrier.sync)
         self._fold = None  # watermarks read before the rollback would drop the replayed tasks
-        self.next_offset = end
-        self.consumer.assign([TopicPartition(self.grad_topic, 0, end)])
+        self.grads.seek(end)
         retired = self.store.retire_after(to)
         # Never pruning `to`, which checkpoints/latest may not name yet.
         self.checkpoint(rolled_back_id(to, new_checkpoint_id()), keep_also=(to,))
