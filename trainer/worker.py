@@ -4,7 +4,8 @@ Per task: records are decoded (bad ones dead-lettered), cut into mini-batches of
 `model.batch_size` good examples in offset order, and mini-batches into push groups of
 `train.push_every`; group g carries `(task_id, seq=g)`. The cut depends only on the records,
 so every attempt of a task produces the same keys and the pservers apply each group once.
-Each group's deltas are produced as it is made (trainer/delivery.py); a background thread
+A group is pulled and trained by trainer/groups.py; this module runs tasks and pushes. Each
+group's deltas are produced as it is made (trainer/delivery.py); a background thread
 (trainer/committer.py) waits for their acknowledgement and commits the task's side outputs,
 and the task is completed in etcd only after that. What a pull misses of this trainer's own
 pushes' dense changes is added to it (trainer/own.py).
@@ -22,9 +23,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 from streamtrain.infra import Endpoints
 from streamtrain.infra.clients import TopicSpec, ensure_topics, redis_client
 from streamtrain.infra.schema_registry import RegistryUnavailableError
@@ -40,12 +39,13 @@ from streamtrain.jobstate.tasks import ClaimedTask, TaskClient
 from streamtrain.schemas import DeadLetter, EtcdKeys, Topics
 from streamtrain.trainer.committer import Committer, Ended
 from streamtrain.trainer.delivery import Delivery, DeliveryError
-from streamtrain.trainer.features import Batch, MiniBatches, pool
+from streamtrain.trainer.features import Batch, MiniBatches
 from streamtrain.trainer.feed import Chunk, TaskFeed
+from streamtrain.trainer.groups import GroupTrainer, rows_in_flight
 from streamtrain.trainer.loader import BadRecord, Loaded, LoaderSpec, RecordLoader
 from streamtrain.trainer.metrics import TaskMetrics
 from streamtrain.trainer.models import build_model, default_device, model_spec, use_torch_threads
-from streamtrain.trainer.own import OwnPushes, OwnRows, RowChange
+from streamtrain.trainer.own import OwnPushes, OwnRows
 from streamtrain.trainer.params import DenseLayout, GradientBuffer, ParamSync, RowLayout
 from streamtrain.trainer.reader import RangeReadError
 from streamtrain.trainer.replica import RowReplica
@@ -155,18 +155,9 @@ class Trainer:
         self.own = OwnPushes(rule, self.trainer_id, self.shards)
         # Rows are estimated when a step may train before the shards publish an earlier one:
         # within a push group, and after pushes a trainer may leave in flight.
-        # Kept with the push only if a later pull may miss it (pushes left in flight).
-        self._rows_in_flight = config.train.sgd == "async" and config.train.max_in_flight > 0
-        self.own_rows = OwnRows(rule, self.rows.width) if config.train.push_every > 1 or self._rows_in_flight \
-            else None
-        # A step's dense change is estimated only if a later step may train before the shards
-        # publish it: not when every step is pulled after this trainer's pushes are published
-        # (async with `max_in_flight` 0, or sync), where the estimate was 6% of the trainer's
-        # CPU for nothing. (A wait for them that times out then trains without their estimates.)
-        train = config.train
-        self._estimate_dense = not (train.push_every == 1 and train.pull_every == 1 and (
-            train.sgd == "sync" or (train.sgd == "async" and train.max_in_flight == 0)))
-        self._since_dense: int | None = None  # mini-batches since the dense blocks were pulled
+        own_rows = OwnRows(rule, self.rows.width) if config.train.push_every > 1 or rows_in_flight(config) else None
+        self.groups = GroupTrainer(config, self.model, self.layout, self.rows, self.sync, self.buffer, self.own,
+                                   own_rows, self.slot_map, self.device, self.obs)
         self.gate = StepGate(self.redis, config.name, self.shards, config.train.sgd, config.train.staleness,
                              self.trainer_id, max_wait_s=max(1.0, config.tasks.timeout_s / 3))
         self.applied_watch = AppliedWatch(self.redis, config.name, self.shards, self.trainer_id)
@@ -346,86 +337,11 @@ class Trainer:
         self.delivery.add(self.topics.dlq, letter.to_json(), f"{bad.topic}:{bad.partition}:{bad.offset}".encode())
 
     def _train_group(self, batches: list[Batch]) -> None:
-        """Train one push group, a mini-batch a step, and push it.
-
-        The rows of all its mini-batches and (every `train.pull_every` mini-batches) the dense
-        blocks are pulled when it begins, in one Redis transaction, after the wait for this
-        trainer's pushes in flight: it trains on parameters that miss at most
-        `train.max_in_flight` of its own pushes (none by default; their estimated changes
-        are added, trainer/own.py) and what the others have not published. Within the group each
-        step's estimated changes (`OwnRows`, `OwnPushes.block`) are added before the next step,
-        which trains as if the shards had applied it; the shards then apply the group's steps
-        in order. Rows are not pulled a step ahead: rows missing one more own push cost a deep
-        model up to 0.012 AUC (bench/RESULTS.md)."""
-        metrics = self._metrics
-        started = time.perf_counter()
-        layout = self.rows
-        every = self.config.train.pull_every
-        dense = self._since_dense is None or self._since_dense >= every
-        self._since_dense = len(batches) if dense else self._since_dense + len(batches)
-        distinct = [np.unique(batch.ids, return_inverse=True) for batch in batches]
-        ids = distinct[0][0] if len(batches) == 1 else np.unique(np.concatenate([u for u, _ in distinct]))
-        # Each row's shard, hashed once: the pull needs the shards' versions, the push splits by them.
-        owners = self.slot_map.shard_of_rows(layout.name, ids) if layout.width else None
-        request = {layout.name: layout.width} if layout.width else {}
-        shards = {layout.name: owners} if layout.width else {}
-        tables = self.sync.load(self.sync.send(request, ids, shards, dense=dense).result(), self.own)
-        values = tables.get(layout.name) if layout.width else np.zeros((len(ids), 0), np.float32)
-        if len(batches) > 1:
-            values = np.array(values)  # the group's own copy, stepped by its estimates
-        pulled = time.perf_counter()
-        metrics.pull_s += pulled - started
-        self.obs.pull_seconds.observe(pulled - started)
-        for (unique, inverse), batch in zip(distinct, batches):
-            at = None if len(batches) == 1 else np.searchsorted(ids, unique)
-            grads = self._train_step(batch, unique, inverse, values if at is None else values[at],
-                                     owners if at is None or owners is None else owners[at])
-            if self.own_rows is not None and layout.width:
-                change = self.own_rows.step(unique, grads)  # every step: the state must see all
-                if at is not None:
-                    values[at] += change
-                if self._rows_in_flight:
-                    self.own.rows(RowChange(layout.name, unique, change, owners if at is None else owners[at]))
-        self._push(sum(batch.size for batch in batches))
-
-    def _train_step(self, batch: Batch, unique: np.ndarray, inverse: np.ndarray, values: np.ndarray,
-                    owners: np.ndarray | None) -> np.ndarray:
-        """One mini-batch on `values`, the rows of its distinct ids `unique`: its gradients go
-        to the push being built, its dense changes (estimated) into the model at once; returns
-        the rows' gradients."""
-        metrics = self._metrics
-        started = time.perf_counter()
-        layout = self.rows
-        inverse_t = self._to(torch.from_numpy(inverse.astype(np.int64)))
-        bags_t = None if batch.one_id_per_bag() else self._to(torch.from_numpy(batch.bags))
-        rows = self._to(torch.from_numpy(values))
-        rows.requires_grad_(True)
-        pooled = layout.split(pool(rows, inverse_t, bags_t, batch.size, batch.fields))
-        labels = self._to(torch.from_numpy(batch.labels))
-        logits = self.model(pooled, self._to(torch.from_numpy(batch.dense)))
-        loss = F.binary_cross_entropy_with_logits(logits, labels)
-        loss.backward()
-        with torch.no_grad():
-            scores = torch.sigmoid(logits).cpu().numpy()
-        metrics.observe(batch.labels, scores, float(loss.item()) * batch.size)
-        grads = rows.grad.cpu().numpy() if layout.width else np.zeros((len(unique), 0), np.float32)
-        dense = self.layout.gradients()
-        self.buffer.add_step(layout.name if layout.width else None, unique, grads, owners, dense)
-        self.model.zero_grad(set_to_none=True)
-        if self._estimate_dense:  # the next step, pulled or not, sees this one's dense change
-            self.layout.add({(param, block): self.own.block((param, block), grad, self.buffer.shard_of_block(param, block))
-                             for param, block, grad in dense})
-        computed = time.perf_counter() - started
-        metrics.compute_s += computed
-        self.obs.compute_seconds.observe(computed)
-        self.obs.examples.inc(batch.size)
-        self.stats.examples += batch.size
-        return grads
-
-    def _to(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.device.type == "cuda":
-            return tensor.pin_memory().to(self.device, non_blocking=True)
-        return tensor
+        """Train one push group (trainer/groups.py), then push it."""
+        self.groups.train(batches, self._metrics)
+        examples = sum(batch.size for batch in batches)
+        self.stats.examples += examples
+        self._push(examples)
 
     def _push(self, examples: int) -> None:
         started = time.perf_counter()

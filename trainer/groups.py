@@ -1,0 +1,133 @@
+"""Training one push group: pull its rows (and, every `train.pull_every` mini-batches, the
+dense blocks) in one round trip, step the model a mini-batch at a time, and leave the
+gradients in the push being built.
+
+The worker (worker.py) decides which task and which mini-batches; this module does the
+arithmetic between a pull and a push and touches no broker, etcd or task state.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from streamtrain.jobstate.config import JobConfig
+from streamtrain.jobstate.observability import TrainerMetrics
+from streamtrain.jobstate.sharding import SlotMap
+from streamtrain.trainer.features import Batch, pool
+from streamtrain.trainer.metrics import TaskMetrics
+from streamtrain.trainer.own import OwnPushes, OwnRows, RowChange
+from streamtrain.trainer.params import DenseLayout, GradientBuffer, ParamSync, RowLayout
+
+
+def estimates_dense(config: JobConfig) -> bool:
+    """Whether a step's dense change must be estimated: only if a later step may train before
+    the shards publish it. Not when every step is pulled after this trainer's pushes are
+    published (async with `max_in_flight` 0, or sync), where the estimate was 6% of the
+    trainer's CPU for nothing. (A wait for them that times out then trains without their
+    estimates.)"""
+    train = config.train
+    return not (train.push_every == 1 and train.pull_every == 1 and (
+        train.sgd == "sync" or (train.sgd == "async" and train.max_in_flight == 0)))
+
+
+def rows_in_flight(config: JobConfig) -> bool:
+    """Whether a push's row changes are kept for later pulls: only if a later pull may miss
+    them (async pushes left in flight)."""
+    return config.train.sgd == "async" and config.train.max_in_flight > 0
+
+
+class GroupTrainer:
+    """Trains push groups of `model` against the parameters `sync` pulls; the gradients of each
+    go to `buffer`, and `own` learns what this trainer changed (trainer/own.py)."""
+
+    def __init__(self, config: JobConfig, model: torch.nn.Module, layout: DenseLayout, rows: RowLayout,
+                 sync: ParamSync, buffer: GradientBuffer, own: OwnPushes, own_rows: OwnRows | None,
+                 slot_map: SlotMap, device: torch.device, obs: TrainerMetrics) -> None:
+        self.model, self.layout, self.rows = model, layout, rows
+        self.sync, self.buffer, self.own, self.own_rows = sync, buffer, own, own_rows
+        self.slot_map, self.device, self.obs = slot_map, device, obs
+        self.pull_every = config.train.pull_every
+        self.estimate_dense = estimates_dense(config)
+        self.rows_in_flight = rows_in_flight(config)
+        self.since_dense: int | None = None  # mini-batches since the dense blocks were pulled
+
+    def train(self, batches: list[Batch], metrics: TaskMetrics) -> None:
+        """Train one push group, a mini-batch a step.
+
+        The rows of all its mini-batches and (every `train.pull_every` mini-batches) the dense
+        blocks are pulled when it begins, in one Redis transaction, after the wait for this
+        trainer's pushes in flight: it trains on parameters that miss at most
+        `train.max_in_flight` of its own pushes (none by default; their estimated changes
+        are added, trainer/own.py) and what the others have not published. Within the group each
+        step's estimated changes (`OwnRows`, `OwnPushes.block`) are added before the next step,
+        which trains as if the shards had applied it; the shards then apply the group's steps
+        in order. Rows are not pulled a step ahead: rows missing one more own push cost a deep
+        model up to 0.012 AUC (bench/RESULTS.md)."""
+        started = time.perf_counter()
+        layout = self.rows
+        dense = self.since_dense is None or self.since_dense >= self.pull_every
+        self.since_dense = len(batches) if dense else self.since_dense + len(batches)
+        distinct = [np.unique(batch.ids, return_inverse=True) for batch in batches]
+        ids = distinct[0][0] if len(batches) == 1 else np.unique(np.concatenate([u for u, _ in distinct]))
+        # Each row's shard, hashed once: the pull needs the shards' versions, the push splits by them.
+        owners = self.slot_map.shard_of_rows(layout.name, ids) if layout.width else None
+        request = {layout.name: layout.width} if layout.width else {}
+        shards = {layout.name: owners} if layout.width else {}
+        tables = self.sync.load(self.sync.send(request, ids, shards, dense=dense).result(), self.own)
+        values = tables.get(layout.name) if layout.width else np.zeros((len(ids), 0), np.float32)
+        if len(batches) > 1:
+            values = np.array(values)  # the group's own copy, stepped by its estimates
+        pulled = time.perf_counter()
+        metrics.pull_s += pulled - started
+        self.obs.pull_seconds.observe(pulled - started)
+        for (unique, inverse), batch in zip(distinct, batches):
+            at = None if len(batches) == 1 else np.searchsorted(ids, unique)
+            grads = self._step(batch, unique, inverse, values if at is None else values[at],
+                               owners if at is None or owners is None else owners[at], metrics)
+            if self.own_rows is not None and layout.width:
+                change = self.own_rows.step(unique, grads)  # every step: the state must see all
+                if at is not None:
+                    values[at] += change
+                if self.rows_in_flight:
+                    self.own.rows(RowChange(layout.name, unique, change, owners if at is None else owners[at]))
+
+    def _step(self, batch: Batch, unique: np.ndarray, inverse: np.ndarray, values: np.ndarray,
+              owners: np.ndarray | None, metrics: TaskMetrics) -> np.ndarray:
+        """One mini-batch on `values`, the rows of its distinct ids `unique`: its gradients go
+        to the push being built, its dense changes (estimated) into the model at once; returns
+        the rows' gradients."""
+        started = time.perf_counter()
+        layout = self.rows
+        inverse_t = self._to(torch.from_numpy(inverse.astype(np.int64)))
+        bags_t = None if batch.one_id_per_bag() else self._to(torch.from_numpy(batch.bags))
+        rows = self._to(torch.from_numpy(values))
+        rows.requires_grad_(True)
+        pooled = layout.split(pool(rows, inverse_t, bags_t, batch.size, batch.fields))
+        labels = self._to(torch.from_numpy(batch.labels))
+        logits = self.model(pooled, self._to(torch.from_numpy(batch.dense)))
+        loss = F.binary_cross_entropy_with_logits(logits, labels)
+        loss.backward()
+        with torch.no_grad():
+            scores = torch.sigmoid(logits).cpu().numpy()
+        metrics.observe(batch.labels, scores, float(loss.item()) * batch.size)
+        grads = rows.grad.cpu().numpy() if layout.width else np.zeros((len(unique), 0), np.float32)
+        dense = self.layout.gradients()
+        self.buffer.add_step(layout.name if layout.width else None, unique, grads, owners, dense)
+        self.model.zero_grad(set_to_none=True)
+        if self.estimate_dense:  # the next step, pulled or not, sees this one's dense change
+            self.layout.add({(param, block): self.own.block((param, block), grad, self.buffer.shard_of_block(param, block))
+                             for param, block, grad in dense})
+        computed = time.perf_counter() - started
+        metrics.compute_s += computed
+        self.obs.compute_seconds.observe(computed)
+        self.obs.examples.inc(batch.size)
+        return grads
+
+    def _to(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.device.type == "cuda":
+            return tensor.pin_memory().to(self.device, non_blocking=True)
+        return tensor
