@@ -28,6 +28,9 @@ records of each partition once per pass (none lost, none twice: the shards' dedu
 every redone group, reported as `dropped`); holdout AUC no more than `AUC_TOLERANCE` below the
 fault-free run's.
 Exits 1 if a check fails.
+
+One module on purpose: a bench is read top to bottom as the record of what it measures (its
+decisions, the schedule, recovery and ledger, are pure functions with unit tests).
 """
 
 from __future__ import annotations

@@ -27,6 +27,9 @@ and its gap to the bare loop's, mean predicted p against the observed CTR, CPU m
 record of each process kind over the whole run and in the steady state, and peak RSS. Then **freshness**: event ->
 visible in Redis, p50 and p99, on a live stream paced at `--freshness-rate` records/s
 (`freshness`). Prints a table, then the JSON report (also to `--out`).
+
+One module on purpose: a bench is read top to bottom as the record of what it measures, and
+runs alone with `python -m`.
 """
 
 from __future__ import annotations
