@@ -1,5 +1,6 @@
-"""What a shard does about the control plane's requests (schemas/control.py): the decisions,
-as pure functions; pserver/shard.py reads the requests and does the work."""
+"""What a shard decides about the control plane's requests (schemas/control.py) and about
+folding its dedup ledger, as pure functions; pserver/shard.py reads the requests and does the
+work."""
 
 from __future__ import annotations
 
@@ -26,3 +27,12 @@ def rolled_back_id(to: str, now_id: str) -> str:
     and must load the rolled-back state, not `to`'s timeline."""
     after = f"{int(to) + 1:020d}" if to.isdigit() else ""
     return max(now_id, after)
+
+
+def fold_ready(end: int | None, applied_below: int) -> bool:
+    """Whether the dedup ledger may fold at the watermarks read with gradient log end `end`
+    (None: none read yet): once every delta before that end is applied. Applied, not read: a
+    delta held at the sync barrier past the fold would be dropped as stale when released, and
+    its examples lost (a task is done, and the watermark passes it, once its deltas are in the
+    topic, not once they are applied)."""
+    return end is not None and applied_below >= end

@@ -8,7 +8,8 @@ deltas in the same total order (one partition per shard topic) through the same 
 
 The parts: reading the gradient topic (gradlog.py), the state and its update rule (state.py),
 the sync barrier (barrier.py), publishing to Redis (publishing.py, publisher.py), checkpoints
-(checkpoint.py) and the decisions about control requests (control.py); this module runs them.
+(checkpoint.py, and keeper.py registers them in etcd) and the decisions about control requests
+(control.py); this module runs them.
 One thread does everything that changes the state (consume, apply, checkpoint, roll back), so
 a checkpoint is always of a state that applied exactly the deltas before its saved offset; the
 publishing thread only copies changed rows, under the same lock.
@@ -39,14 +40,14 @@ from streamtrain.jobstate.optimizers import make_rule
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.pserver.barrier import StepBarrier
 from streamtrain.pserver.checkpoint import CheckpointStore
-from streamtrain.pserver.control import checkpoint_to_take, rolled_back_id
+from streamtrain.pserver.control import fold_ready, rolled_back_id
 from streamtrain.pserver.gradlog import GradientLog
+from streamtrain.pserver.keeper import CheckpointKeeper
 from streamtrain.pserver.publisher import Publisher
 from streamtrain.pserver.publishing import BackgroundPublisher
 from streamtrain.pserver.state import BadDeltaError, ShardState
-from streamtrain.schemas import (BarrierStats, BarrierSteps, CheckpointRequest, EtcdKeys, GradientDelta, LatestCheckpoint,
-                                PartitionCursor, RedisKeys, RollbackAck, RollbackRequest, SchemaError, ShardCheckpoint,
-                                ShardStats)
+from streamtrain.schemas import (BarrierStats, BarrierSteps, CheckpointRequest, EtcdKeys, GradientDelta, PartitionCursor,
+                                RedisKeys, RollbackAck, RollbackRequest, SchemaError, ShardStats)
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,6 @@ class Counters:
     deltas: int = 0
     rows: int = 0
     bad: int = 0
-    checkpoints: int = 0
 
 
 class PserverShard:
@@ -90,9 +90,7 @@ class PserverShard:
         self.index: int | None = None
         self.state: ShardState | None = None
         self.serving = False
-        self.checkpoint_id: str | None = None
         self.lock = threading.Lock()  # held while applying and while the publisher copies
-        self._requests_done: set[str] = set()
         self._checkpoint_every_s = 0.0
         self._next_checkpoint = float("inf")  # this shard's own next checkpoint (monotonic)
         self._fold: tuple[dict, int] | None = None  # watermarks read, LSO to pass before folding
@@ -131,6 +129,8 @@ class PserverShard:
         rule = make_rule(config.pservers.optimizer, lr=config.train.learning_rate)
         self.store = CheckpointStore(config.pservers.checkpoint_uri, config.name, index,
                                      config.pservers.keep_checkpoints)
+        self.checkpoints = CheckpointKeeper(self.store, self.etcd, self.keys, index, self.slot_map.slots_of(index),
+                                            self.metrics.checkpoint_seconds)
         restored = self.store.load_latest(rule)
         resume = 0
         if restored is None:
@@ -138,9 +138,9 @@ class PserverShard:
         else:
             self.state = restored.state
             resume = restored.manifest.grad_offsets.get(self.grads.topic, 0)
-            self.checkpoint_id = restored.manifest.checkpoint_id
+            self.checkpoints.latest = restored.manifest.checkpoint_id
             log.info("shard %d: loaded checkpoint %s, replaying %s from offset %d", index,
-                     self.checkpoint_id, self.grads.topic, resume)
+                     self.checkpoints.latest, self.grads.topic, resume)
         self.redis = redis_client(self.endpoints)
         self.publishing = BackgroundPublisher(Publisher(self.redis, config.name, index), self.state,
                                               self.lock, self.options.publish_interval_s,
@@ -267,9 +267,9 @@ class PserverShard:
             version=self.publishing.version, offset=self.grads.next_offset, deltas=self.counters.deltas,
             rows=self.counters.rows, dropped=state.dedup.dropped, bad=self.counters.bad + self.grads.bad,
             publishes=self.publishing.publishes, republished=self.publishing.republished,
-            rows_published=self.publishing.rows, checkpoints=self.counters.checkpoints,
+            rows_published=self.publishing.rows, checkpoints=self.checkpoints.count,
             dedup_entries=state.dedup.entries, fold_checks=self.fold_checks, examples=sum(by_partition.values()),
-            checkpoint=self.checkpoint_id,
+            checkpoint=self.checkpoints.latest,
             barrier=BarrierStats(self.barrier.next_step, self.barrier.waiting, sorted(self.barrier.participants()))
             if self.barrier.sync else None,
             examples_by_partition=dict(by_partition),
@@ -279,13 +279,10 @@ class PserverShard:
     # -- dedup folding -------------------------------------------------------------------
     def _fold_dedup(self) -> None:
         """Two steps, never in one call: read the master's watermarks, then the topic's log
-        end; fold only once everything before that end is applied, so no delta committed before
-        the watermark was read can still be in flight. Applied, not consumed: a delta held at
-        the sync barrier past the fold would be dropped as stale when released, and its
-        examples lost (a task is done, and the watermark passes it, once its deltas are in
-        the topic, not once they are applied)."""
+        end; fold once everything before that end is applied (`fold_ready`), so no delta
+        committed before the watermark was read can still be in flight."""
         self.fold_checks += 1
-        if self._fold is not None and self.barrier.applied_below(self.grads.next_offset) >= self._fold[1]:
+        if self._fold is not None and fold_ready(self._fold[1], self.barrier.applied_below(self.grads.next_offset)):
             self.state.fold(self._fold[0])
             self._fold = None
         if self._fold is None:
@@ -298,39 +295,9 @@ class PserverShard:
 
     # -- checkpoints ---------------------------------------------------------------------
     def checkpoint(self, checkpoint_id: str | None = None, keep_also: tuple[str, ...] = ()) -> str:
-        started = time.monotonic()
         # Deltas waiting at the sync barrier are consumed but not applied: resume before them.
         resume = self.barrier.applied_below(self.grads.next_offset)
-        manifest = self.store.save(self.state, {self.grads.topic: resume},
-                                   self.state.dedup.watermarks(), self.slot_map.slots_of(self.index),
-                                   checkpoint_id, keep_also=(*keep_also, *self._rollback_target()))
-        self.checkpoint_id = manifest.checkpoint_id
-        self.counters.checkpoints += 1
-        self.etcd.put(self.keys.checkpoint_shard(manifest.checkpoint_id, self.index), ShardCheckpoint(
-            self.index, self.store.uri, resume, manifest.created_at, manifest.optimizer,
-            {name: t.size for name, t in self.state.tables.items()}).to_json())
-        self._forget_pruned()
-        self.metrics.checkpoint_seconds.observe(time.monotonic() - started)
-        log.info("shard %d: checkpoint %s at offset %d in %.2f s", self.index, manifest.checkpoint_id,
-                 resume, time.monotonic() - started)
-        return manifest.checkpoint_id
-
-    def _rollback_target(self) -> tuple[str, ...]:
-        """The job's newest job-wide checkpoint (`checkpoints/latest`): periodic checkpoints
-        must not prune what `rollback --to latest` returns to."""
-        entry = self.etcd.get(self.keys.checkpoints_latest)
-        try:
-            return (LatestCheckpoint.from_json(entry.value).id,) if entry is not None else ()
-        except SchemaError:
-            return ()
-
-    def _forget_pruned(self) -> None:
-        kept = set(self.store.complete_ids())
-        suffix = f"/{self.index}"
-        for entry in self.etcd.range(self.keys.checkpoints_prefix, keys_only=True):
-            parts = self.keys.checkpoint_path(entry.key)
-            if len(parts) == 2 and entry.key.endswith(suffix) and parts[0] not in kept:
-                self.etcd.delete_prefix(entry.key)
+        return self.checkpoints.take(self.state, {self.grads.topic: resume}, checkpoint_id, keep_also)
 
     def _control(self) -> None:
         """Requests through etcd: `control/checkpoint` ({"id": ...}, taken once) and
@@ -348,10 +315,7 @@ class PserverShard:
         except SchemaError as exc:
             log.warning("shard %d: ignoring %s", self.index, exc)
             return
-        registered = request.id is not None and \
-            self.etcd.get(self.keys.checkpoint_shard(request.id, self.index)) is not None
-        wanted = checkpoint_to_take(request, taken=self._requests_done, kept=self.store.complete_ids(),
-                                    registered=registered)
+        wanted = self.checkpoints.wanted(request)
         if wanted is None:
             return
         # Everything written before the request is seen: that is every delta of every task
@@ -360,7 +324,7 @@ class PserverShard:
         while self.grads.next_offset < end:
             self._consume(timeout=0.2)
         self.checkpoint(wanted)
-        self._requests_done.add(wanted)
+        self.checkpoints.taken(wanted)
         # The master requests one every `checkpoint_every_s`: this shard takes one of its own
         # (for its restarts; no rollback target) only when a request is half an interval late.
         self._next_checkpoint = time.monotonic() + 1.5 * self._checkpoint_every_s

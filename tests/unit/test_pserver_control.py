@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streamtrain.pserver.control import checkpoint_to_take, rolled_back_id
+from streamtrain.pserver.control import checkpoint_to_take, fold_ready, rolled_back_id
 from streamtrain.schemas import CheckpointRequest
 
 OLD, MID, NEW = "00000000000000000100", "00000000000000000200", "00000000000000000300"
@@ -33,3 +33,9 @@ def test_the_rolled_back_state_sorts_after_its_target_whatever_the_clock_says() 
     assert rolled_back_id(MID, NEW) == NEW
     assert rolled_back_id(NEW, MID) == "00000000000000000301"  # this host's clock is behind
     assert rolled_back_id("manual-1", MID) == MID
+
+
+def test_the_ledger_folds_only_once_everything_before_the_log_end_read_is_applied() -> None:
+    assert not fold_ready(None, 100)  # no watermarks read yet
+    assert not fold_ready(100, 99)  # a delta before the end still held (the sync barrier)
+    assert fold_ready(100, 100) and fold_ready(100, 140)
