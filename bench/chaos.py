@@ -58,7 +58,7 @@ from streamtrain.jobstate.config import JobConfig
 from streamtrain.jobstate.errors import CoordinationError
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.sharding import SlotMap
-from streamtrain.schemas import EtcdKeys, JobState, RedisKeys, ShardStats
+from streamtrain.schemas import AppliedSteps, EtcdKeys, JobState, RedisKeys, ShardStats
 from streamtrain.supervisor import Supervisor, pid_alive
 from streamtrain.trainer.scoring import Scorer
 
@@ -203,7 +203,7 @@ class Probe:
                 raw = self._redis.mget([self.redis_keys.applied(s) for s in range(SHARDS)])
                 if not all(raw):  # Redis restarted empty: until the shards publish again
                     return _UNKNOWN
-                return max(json.loads(r).get(target, -1) for r in raw)
+                return max(AppliedSteps.from_json(r).steps.get(target, -1) for r in raw)
             if kind == "shard":
                 raw = self._redis.get(self.redis_keys.stats(int(target)))
                 return ShardStats.from_json(raw) if raw else _UNKNOWN

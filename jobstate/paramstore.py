@@ -21,7 +21,6 @@ alone (`streamtrain predict`, online inference) see rows up to a flush interval 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -31,7 +30,8 @@ import redis
 from streamtrain.jobstate import resp
 from streamtrain.jobstate.rows import initial_rows
 from streamtrain.jobstate.sharding import SlotMap
-from streamtrain.schemas import ParamBlock, PublishedRound, RedisKeys, SchemaError, StreamtrainError, decode_rows
+from streamtrain.schemas import (AppliedSteps, ParamBlock, PublishedRound, RedisKeys, SchemaError, StreamtrainError,
+                                decode_rows)
 
 # Rounds kept in a shard's stream (approximately: trimmed a node at a time). A trainer that
 # falls further behind than this drops the shard's rows and reads them again (trainer/replica.py).
@@ -138,7 +138,7 @@ class ParamClient:
     def applied(self) -> dict[int, dict[str, int]]:
         """Every shard's `RedisKeys.applied`: {shard: {trainer id: newest step published}}."""
         raw = self._redis.mget([self._keys.applied(s) for s in range(self.slot_map.shards)])
-        return {s: json.loads(v) if v else {} for s, v in enumerate(raw)}
+        return {s: AppliedSteps.from_json(v).steps if v else {} for s, v in enumerate(raw)}
 
     def flushed(self, shards: Iterable[int]) -> dict[int, Flushed | None]:
         """Each shard's last flush (None: it has not published)."""
@@ -202,7 +202,8 @@ class ParamClient:
     def _decode(self, shards: list[int], rows: dict[str, tuple[np.ndarray, int]], blocks: list[tuple[str, int]],
                 rounds: dict[int, bytes], replies: list) -> Pull:
         versions = self._versions(shards, replies[0][:len(shards)])
-        applied = {s: json.loads(raw) if raw else {} for s, raw in zip(shards, replies[0][len(shards):2 * len(shards)])}
+        applied = {s: AppliedSteps.from_json(raw).steps if raw else {}
+                   for s, raw in zip(shards, replies[0][len(shards):2 * len(shards)])}
         flushed = {s: _flushed(raw) for s, raw in zip(rounds, replies[0][2 * len(shards):])}
         found = {}
         if blocks:
@@ -296,7 +297,7 @@ class AppliedWatch:
         if heard:
             return {shard: {self._trainer_id: int(step)} for shard, step in heard.items()}
         raw = self._redis.mget([self._keys.applied(s) for s in self._shards])
-        return {s: json.loads(v) for s, v in zip(self._shards, raw) if v}
+        return {s: AppliedSteps.from_json(v).steps for s, v in zip(self._shards, raw) if v}
 
     def close(self) -> None:
         self._watch.close()

@@ -6,7 +6,6 @@ enough to change in most rounds was written in each of them."""
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections.abc import Iterable, Mapping
@@ -18,7 +17,7 @@ import redis
 from streamtrain.jobstate import resp
 from streamtrain.jobstate.paramstore import ROUNDS_FIELD, ROUNDS_KEPT, Flushed, stream_id
 from streamtrain.pserver.state import Changes, ShardState
-from streamtrain.schemas import ParamBlock, PublishedRound, RedisKeys, RoundRows, encode_rows_matrix
+from streamtrain.schemas import AppliedSteps, ParamBlock, PublishedRound, RedisKeys, RoundRows, encode_rows_matrix
 
 _CHUNK = 8192  # keys per MSET: large enough to amortise, small enough not to stall Redis
 # How often the row keys are brought up to date. Longer writes fewer keys (a hot row once per
@@ -39,10 +38,6 @@ def flush_due(since_s: float, dirty_rows: int, rounds: int, every_s: float = FLU
     keys: some are waiting, for long enough or enough of them; or the last flush is so many
     rounds back that it must move up, changed rows or not."""
     return rounds >= max_rounds or (dirty_rows > 0 and (since_s >= every_s or dirty_rows >= max_rows))
-
-
-def _applied_json(applied: dict[str, int]) -> bytes:
-    return json.dumps(applied, separators=(",", ":")).encode()
 
 
 @dataclass(frozen=True)
@@ -185,7 +180,7 @@ class Publisher:
         pipe.execute()
 
     def _applied_command(self, applied: dict[str, int]) -> bytes:
-        return resp.command(b"SET", self._keys.applied(self.shard).encode(), _applied_json(applied))
+        return resp.command(b"SET", self._keys.applied(self.shard).encode(), AppliedSteps(applied).to_json())
 
     def _round_command(self, snapshot: Snapshot, applied: dict[str, int], reset: bool) -> bytes:
         if reset:

@@ -19,13 +19,14 @@ from .deadletter import DeadLetter
 from .errors import SchemaError, StreamtrainError
 from .example import Example
 from .gradient import DenseSlice, GradientDelta, SparseRows, WireDtype
-from .job import BarrierStats, BarrierSteps, Holder, JobState, ShardStats
+from .job import AppliedSteps, BarrierStats, BarrierSteps, Holder, JobState, ShardStats
 from .keys import CONTROLS, TASK_STATES, EtcdKeys, RedisKeys, Topics, validate_job_name
 from .params import ParamBlock, decode_rows, encode_rows, encode_rows_matrix
 from .rounds import PublishedRound, RoundRows
 from .task import TaskId, TaskRecord
 
 __all__ = [
+    "AppliedSteps",
     "BarrierStats",
     "BarrierSteps",
     "CONTROLS",

@@ -6,6 +6,7 @@ each shard's barrier has got.
 | `JobState` | etcd `state` | the master, after a bounded job's last pass | the master, `status`, `LocalJob` |
 | `Holder` | etcd `master/lock`, `trainers/<id>`, `ps/<i>` (each under its lease) | the master, each trainer, each shard | `status`, the master, a successor taking over a dead holder's key |
 | `BarrierSteps` | Redis `steps:<i>`, and the channel `steps-written:<i>` | shard i's publisher (sync and bounded) | trainers waiting after a push |
+| `AppliedSteps` | Redis `applied:<i>`, in each publish round's transaction with the values | shard i's publisher | trainers, with every pull |
 | `ShardStats` | Redis `stats:<i>`, every housekeeping pass (about a second) | shard i | the live view and `LocalJob.status`, benches, tests |
 """
 
@@ -123,6 +124,29 @@ class BarrierSteps:
 
 
 @dataclass(frozen=True)
+class AppliedSteps:
+    """Per trainer, the newest step whose changes shard i's published values include (a
+    trainer adds the changes of its own later pushes to what it pulls, trainer/own.py)."""
+
+    steps: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.steps, dict):
+            raise _applied.error("steps", "expected an object of trainer id -> step")
+        for trainer, step in self.steps.items():
+            _applied.integer(f"steps.{trainer}", step)
+
+    def to_json(self) -> bytes:
+        return _json.dumps({"v": VERSION, "steps": self.steps})
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> AppliedSteps:
+        """Raises: SchemaError."""
+        doc = _json.loads(_applied, data)
+        return cls(_json.obj(_applied, _json.field(_applied, doc, "steps"), "steps"))
+
+
+@dataclass(frozen=True)
 class BarrierStats:
     """A sync shard's barrier: the step it releases next, deltas held back, and the trainers
     it waits for."""
@@ -210,3 +234,4 @@ _state = Check("JobState", VERSION)
 _holder = Check("Holder", VERSION)
 _steps = Check("BarrierSteps", VERSION)
 _stats = Check("ShardStats", VERSION)
+_applied = Check("AppliedSteps", VERSION)

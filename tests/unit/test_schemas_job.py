@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from streamtrain.schemas import BarrierStats, BarrierSteps, Holder, JobState, SchemaError, ShardStats
+from streamtrain.schemas import AppliedSteps, BarrierStats, BarrierSteps, Holder, JobState, SchemaError, ShardStats
 
 DOCUMENTS = [
     JobState("finished", 12.5),
@@ -16,6 +16,8 @@ DOCUMENTS = [
     Holder("pserver", "1", 79, "node-1", "b-1", "", 4.0, "10.0.0.2:7000"),
     BarrierSteps(),
     BarrierSteps(4, {"t-0": 3, "t-1": -1}),
+    AppliedSteps(),
+    AppliedSteps({"t-0": 12, "t-1": 0}),
 ]
 
 
@@ -40,6 +42,8 @@ def test_only_a_finished_job_says_so() -> None:
     (BarrierSteps, {"v": 1, "next": 0, "trainers": []}, "trainers"),
     (BarrierSteps, {"v": 1, "next": 0, "trainers": {"t-0": 1.5}}, "trainers.t-0"),
     (BarrierSteps, {"v": 1, "trainers": {}}, "next"),
+    (AppliedSteps, {"v": 1, "steps": {"t-0": -1}}, "steps.t-0"),
+    (AppliedSteps, {"v": 1}, "steps"),
 ])
 def test_a_malformed_document_names_its_format_and_field(cls, doc, field) -> None:
     with pytest.raises(SchemaError) as caught:
