@@ -22,6 +22,7 @@ from .gradient import DenseSlice, GradientDelta, SparseRows, WireDtype
 from .job import AppliedSteps, BarrierStats, BarrierSteps, Holder, JobState, ShardStats
 from .keys import CONTROLS, TASK_STATES, EtcdKeys, RedisKeys, Topics, validate_job_name
 from .params import ParamBlock, decode_rows, encode_rows, encode_rows_matrix
+from .report import TaskReport
 from .rounds import PublishedRound, RoundRows
 from .task import TaskId, TaskRecord
 
@@ -57,6 +58,7 @@ __all__ = [
     "SparseRows",
     "TaskId",
     "TaskRecord",
+    "TaskReport",
     "Topics",
     "WireDtype",
     "decode_rows",

@@ -1,7 +1,7 @@
 """Training curves for TensorBoard from a job's `<job>.metrics` topic.
 
-Every trainer writes one JSON record per task (trainer/metrics.py `TaskMetrics.to_json`) in the
-task's last Kafka transaction. `streamtrain curves` reads them read_committed, by assign (no
+Every trainer writes one `TaskReport` per task (schemas/report.py) in the task's last Kafka
+transaction. `streamtrain curves` reads them read_committed, by assign (no
 consumer group offsets are committed: it keeps no state), and writes scalars with torch's
 `SummaryWriter`. The step of every point is the job's cumulative examples as read so far, so
 curves from runs at different speeds line up; the wall time is the task's finish time.
@@ -9,7 +9,6 @@ curves from runs at different speeds line up; the wall time is the task's finish
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections import deque
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from streamtrain.infra import Endpoints
+from streamtrain.schemas import SchemaError, TaskReport
 
 log = logging.getLogger(__name__)
 
@@ -50,25 +50,20 @@ class Curves:
     _window: deque = field(default_factory=deque, repr=False)  # (finished_at, examples)
     _first_start: float | None = None
 
-    def add(self, doc: dict) -> bool:
-        """One task record; False (and nothing written) if it is not one."""
-        try:
-            examples = int(doc["examples"])
-            finished = float(doc["finished_at"])
-            started = float(doc.get("started_at") or finished)
-        except (KeyError, TypeError, ValueError):
-            return False
+    def add(self, report: TaskReport) -> None:
+        """One task's record."""
+        examples, started, finished = report.examples, report.started_at, report.finished_at
         self.tasks += 1
         self.examples += examples
-        self.bad_records += int(doc.get("bad_records") or 0)
+        self.bad_records += report.bad_records
         step, w = self.examples, self.writer
 
-        def put(tag: str, value: object) -> None:
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+        def put(tag: str, value: float | None) -> None:
+            if value is not None:
                 w.add_scalar(tag, float(value), step, finished)
 
-        put("train/loss", doc.get("loss"))
-        put("train/auc", doc.get("auc"))
+        put("train/loss", report.loss)
+        put("train/auc", report.auc)
         if finished > started:
             put("throughput/task_examples_per_s", examples / (finished - started))
         self._first_start = started if self._first_start is None else min(self._first_start, started)
@@ -79,12 +74,10 @@ class Curves:
         if span > 0:
             put("throughput/job_examples_per_s", sum(n for _, n in self._window) / span)
         put("data/bad_records", self.bad_records)
-        event_ms = doc.get("max_event_time_ms") or 0
-        if isinstance(event_ms, (int, float)) and event_ms > 0:
-            put("freshness/seconds", max(finished - event_ms / 1000, 0.0))
+        if report.max_event_time_ms > 0:
+            put("freshness/seconds", max(finished - report.max_event_time_ms / 1000, 0.0))
         for phase in ("pull_s", "compute_s", "push_s"):
-            put(f"time/{phase}", doc.get(phase))
-        return True
+            put(f"time/{phase}", getattr(report, phase))
 
 
 def summary_writer(logdir: Path):
@@ -133,12 +126,10 @@ def write_curves(endpoints: Endpoints, job: str, logdir: Path, stop: threading.E
                 if msg.error() is not None:
                     continue
                 try:
-                    doc = json.loads(msg.value())
-                except (ValueError, TypeError):
-                    doc = None
-                if not isinstance(doc, dict) or not curves.add(doc):
-                    log.warning("skipping a record that is not a task's metrics at %s:%d:%d",
-                                msg.topic(), msg.partition(), msg.offset())
+                    curves.add(TaskReport.from_json(msg.value() or b""))
+                except SchemaError as exc:
+                    log.warning("skipping a record that is not a task's metrics at %s:%d:%d: %s",
+                                msg.topic(), msg.partition(), msg.offset(), exc)
     finally:
         consumer.close()
         writer.close()

@@ -12,7 +12,6 @@ Sources, all read-only:
 
 from __future__ import annotations
 
-import json
 import statistics
 import threading
 import time
@@ -27,7 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from streamtrain.infra import Endpoints
-from streamtrain.schemas import ShardStats
+from streamtrain.schemas import SchemaError, ShardStats, TaskReport
 from streamtrain.supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -87,7 +86,7 @@ class JobMonitor:
             "enable.auto.commit": False, "isolation.level": "read_committed",
         })
         self.consumer.assign([TopicPartition(Topics(job).metrics, 0, OFFSET_BEGINNING)])
-        self.recent: deque[dict] = deque(maxlen=ROLLING_TASKS)
+        self.recent: deque[TaskReport] = deque(maxlen=ROLLING_TASKS)
         self.seen: set[str] = set()
         self.examples = 0
         self.rate_samples: deque[tuple[float, int]] = deque()
@@ -110,16 +109,15 @@ class JobMonitor:
                 if msg.error():
                     continue
                 try:
-                    doc = json.loads(msg.value())
-                except ValueError:
+                    report = TaskReport.from_json(msg.value())
+                except SchemaError:
                     continue
-                task = doc.get("task_id")
-                if task in self.seen:  # a re-run task (timeout, zombie): count it once
+                if report.task_id in self.seen:  # a re-run task (timeout, zombie): count it once
                     continue
-                self.seen.add(task)
-                self.examples += int(doc.get("examples") or 0)
-                if doc.get("examples"):
-                    self.recent.append(doc)
+                self.seen.add(report.task_id)
+                self.examples += report.examples
+                if report.examples:
+                    self.recent.append(report)
 
     def sample(self) -> Snapshot:
         from streamtrain.jobstate.status import job_status
@@ -159,25 +157,22 @@ class JobMonitor:
             snap.examples_per_s = (self.examples - n0) / (now - t0)
 
         recent = list(self.recent)
-        scored = [d for d in recent if d.get("auc") is not None]
+        scored = [r for r in recent if r.auc is not None]
         if scored:
-            weight = sum(d["examples"] for d in scored)
-            snap.auc = sum(d["auc"] * d["examples"] for d in scored) / weight
+            weight = sum(r.examples for r in scored)
+            snap.auc = sum(r.auc * r.examples for r in scored) / weight
             if self.first_auc_s is None:
                 self.first_auc_s = snap.elapsed_s
             self.auc_history.append((snap.elapsed_s, snap.auc))
-        with_loss = [d for d in recent if d.get("loss") is not None]
+        with_loss = [r for r in recent if r.loss is not None]
         if with_loss:
-            snap.loss = (sum(d["loss"] * d["examples"] for d in with_loss)
-                         / sum(d["examples"] for d in with_loss))
-        timed = [d for d in recent if d.get("max_event_time_ms") and d.get("finished_at")]
+            snap.loss = sum(r.loss * r.examples for r in with_loss) / sum(r.examples for r in with_loss)
+        timed = [r for r in recent if r.max_event_time_ms]
         if timed:
-            snap.event_to_trained_s = statistics.median(
-                d["finished_at"] - d["max_event_time_ms"] / 1000 for d in timed)
-            snap.newest_trained_age_s = now_wall - max(d["max_event_time_ms"] for d in timed) / 1000
+            snap.event_to_trained_s = statistics.median(r.finished_at - r.max_event_time_ms / 1000 for r in timed)
+            snap.newest_trained_age_s = now_wall - max(r.max_event_time_ms for r in timed) / 1000
         if recent:
-            snap.timings = {k: statistics.fmean(d.get(k) or 0.0 for d in recent)
-                            for k in ("pull_s", "compute_s", "push_s")}
+            snap.timings = {k: statistics.fmean(getattr(r, k) for r in recent) for k in ("pull_s", "compute_s", "push_s")}
         return snap
 
 

@@ -1,4 +1,5 @@
-"""What a trainer reports per task to `<job>.metrics`: loss, prequential AUC, counts, timings.
+"""What a trainer reports per task to `<job>.metrics` (`TaskReport`): loss, prequential AUC,
+counts, timings.
 
 Prequential: every example is scored by the model *before* the gradient of its mini-batch is
 computed, so the AUC is an honest out-of-sample estimate on a stream that is never held out.
@@ -6,11 +7,12 @@ computed, so the AUC is an honest out-of-sample estimate on a stream that is nev
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import numpy as np
+
+from streamtrain.schemas import TaskReport
 
 
 def auc(labels: np.ndarray, scores: np.ndarray) -> float | None:
@@ -64,11 +66,10 @@ class TaskMetrics:
         """Prequential AUC of the examples so far (None with a single class)."""
         return auc(*self._observed())
 
-    def to_json(self) -> bytes:
+    def report(self) -> TaskReport:
+        """The task's record for `<job>.metrics`, as of now."""
         labels, scores = self._observed()
-        # Not `asdict`: it would deep-copy every batch's label and score arrays.
-        doc = {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
-        doc.update(v=1, loss=self.loss_sum / self.examples if self.examples else None,
-                   auc=auc(labels, scores), positives=int((labels > 0.5).sum()),
-                   finished_at=time.time())
-        return json.dumps(doc, separators=(",", ":")).encode()
+        return TaskReport(self.task_id, self.trainer_id, self.attempt, self.examples, self.bad_records,
+                          int((labels > 0.5).sum()), self.loss_sum / self.examples if self.examples else None,
+                          auc(labels, scores), self.pull_s, self.compute_s, self.push_s, self.started_at, time.time(),
+                          self.max_event_time_ms)

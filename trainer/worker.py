@@ -295,7 +295,7 @@ class Trainer:
                 group = []
         if group:
             self._train_group(group)
-        self.delivery.add(self.topics.metrics, metrics.to_json(), task.task_id.encode())
+        self.delivery.add(self.topics.metrics, metrics.report().to_json(), task.task_id.encode())
         return metrics
 
     def _mini_batches(self, feed: TaskFeed, first: Chunk, stop: threading.Event) -> Iterator[Batch]:

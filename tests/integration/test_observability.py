@@ -3,7 +3,6 @@ curves written from a job's metrics topic."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 
@@ -15,7 +14,7 @@ from streamtrain.curves import write_curves
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.observability import scrape as scrape_url
 from streamtrain.jobstate.observability import serve_metrics
-from streamtrain.schemas import Topics
+from streamtrain.schemas import TaskReport, Topics
 from test_trainer import MODEL, Background, finished, make_job, run_job, write_examples
 
 pytestmark = [pytest.mark.services]
@@ -82,17 +81,15 @@ def test_curves_from_a_metrics_topic(services, unique, tmp_path) -> None:
     job = unique("curves")
     producer = Producer({"bootstrap.servers": services.kafka})
     now = time.time()
-    docs = [{"v": 1, "task_id": f"t{i}", "trainer_id": "x", "attempt": 0, "examples": 100 * (i + 1),
-             "bad_records": i, "loss": 0.7 - 0.1 * i, "auc": 0.6 + 0.05 * i if i != 1 else None,
-             "started_at": now + i, "finished_at": now + i + 0.5, "max_event_time_ms": int((now + i - 2) * 1000),
-             "pull_s": 0.1, "compute_s": 0.2, "push_s": 0.05} for i in range(3)]
+    docs = [TaskReport(f"t{i}", "x", 0, 100 * (i + 1), i, 10, 0.7 - 0.1 * i, 0.6 + 0.05 * i if i != 1 else None,
+                       0.1, 0.2, 0.05, now + i, now + i + 0.5, int((now + i - 2) * 1000)) for i in range(3)]
     from streamtrain.infra.clients import TopicSpec, ensure_topics
 
     ensure_topics(services, [TopicSpec(Topics(job).metrics)])
     for doc in docs[:2]:
-        producer.produce(Topics(job).metrics, json.dumps(doc).encode(), key=doc["task_id"].encode())
+        producer.produce(Topics(job).metrics, doc.to_json(), key=doc.task_id.encode())
     producer.produce(Topics(job).metrics, b"not json")
-    producer.produce(Topics(job).metrics, json.dumps(docs[2]).encode())
+    producer.produce(Topics(job).metrics, docs[2].to_json())
     producer.flush(30)
 
     logdir = tmp_path / "tb"

@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from streamtrain.curves import Curves
-from streamtrain.schemas import ShardStats
+from streamtrain.schemas import ShardStats, TaskReport
 from streamtrain.jobstate.observability import scrape as scrape_url
 from streamtrain.jobstate.observability import (PORT_ENV, MasterMetrics, PserverMetrics, TrainerMetrics, metrics_port,
                                                 serve_metrics)
@@ -129,18 +129,16 @@ class Recorder:
 def test_curves_step_by_cumulative_examples_and_skip_undefined_values() -> None:
     rec = Recorder()
     curves = Curves(rec)
-    assert curves.add({"examples": 100, "bad_records": 2, "loss": 0.6, "auc": 0.7, "started_at": 10.0,
-                       "finished_at": 12.0, "max_event_time_ms": 11_000, "pull_s": 0.1})
-    assert curves.add({"examples": 50, "bad_records": 0, "loss": None, "auc": None, "started_at": 12.0,
-                       "finished_at": 13.0, "max_event_time_ms": 0})
-    assert not curves.add({"not": "a task"})
+    curves.add(TaskReport("t:0:00000000000000000000", "a", 0, 100, 2, 40, 0.6, 0.7, 0.1, 0.5, 0.2, 10.0, 12.0,
+                          max_event_time_ms=11_000))
+    curves.add(TaskReport("t:1:00000000000000000000", "a", 0, 50, 0, 0, None, None, 0.3, 0.4, 0.1, 12.0, 13.0))
     assert rec.tag("train/loss") == [(0.6, 100)]
     assert rec.tag("train/auc") == [(0.7, 100)]
     assert rec.tag("data/bad_records") == [(2, 100), (2, 150)]
     assert rec.tag("throughput/task_examples_per_s") == [(50.0, 100), (50.0, 150)]
     assert rec.tag("throughput/job_examples_per_s") == [(50.0, 100), (50.0, 150)]
     assert rec.tag("freshness/seconds") == [(1.0, 100)]
-    assert rec.tag("time/pull_s") == [(0.1, 100)]
+    assert rec.tag("time/pull_s") == [(0.1, 100), (0.3, 150)]
     assert curves.tasks == 2 and curves.examples == 150
 
 

@@ -68,3 +68,4 @@ def test_shard_stats_name_a_bad_count_and_ignore_keys_they_do_not_know() -> None
         with pytest.raises(SchemaError) as caught:
             ShardStats.from_json(json.dumps({**doc, key: value}))
         assert caught.value.field == field, caught.value
+
