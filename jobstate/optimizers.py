@@ -184,8 +184,19 @@ def _describe(value: object) -> str:
 # ------------------------------------------------------------------------------- built-ins
 
 
+class _BuiltIn:
+    """A built-in's ``apply``: its ``apply_at`` over the given rows."""
+
+    __slots__ = ()
+
+    def apply(self, rows: np.ndarray, grads: np.ndarray, state: Mapping[str, np.ndarray],
+              steps: np.ndarray) -> None:
+        check_batch(self, rows, grads, state, steps)
+        self.apply_at(rows, state, all_positions(len(rows)), grads, steps)
+
+
 @dataclass(frozen=True, slots=True)
-class SGD:
+class SGD(_BuiltIn):
     """Plain stochastic gradient descent: ``w -= lr * g`` (torch.optim.SGD, no momentum)."""
 
     name: ClassVar[str] = "sgd"
@@ -196,18 +207,13 @@ class SGD:
     def __post_init__(self) -> None:
         _set(self, lr=_hyper(self.name, "lr", self.lr, lo=0.0, lo_open=True))
 
-    def apply(self, rows: np.ndarray, grads: np.ndarray, state: Mapping[str, np.ndarray],
-              steps: np.ndarray) -> None:
-        check_batch(self, rows, grads, state, steps)
-        self.apply_at(rows, state, all_positions(len(rows)), grads, steps)
-
     def apply_at(self, table: np.ndarray, state: Mapping[str, np.ndarray], at: np.ndarray,
                  grads: np.ndarray, steps: np.ndarray, out: np.ndarray = NO_OUT) -> None:
         sgd_at(table, at, grads, _F32(self.lr), out)
 
 
 @dataclass(frozen=True, slots=True)
-class Adagrad:
+class Adagrad(_BuiltIn):
     """Adagrad as torch.optim.Adagrad (lr_decay=0, weight_decay=0)::
 
         a += g * g;   w -= lr * g / (sqrt(a) + eps)
@@ -230,11 +236,6 @@ class Adagrad:
                  self.name, "initial_accumulator_value", self.initial_accumulator_value,
                  lo=0.0, lo_open=False))
 
-    def apply(self, rows: np.ndarray, grads: np.ndarray, state: Mapping[str, np.ndarray],
-              steps: np.ndarray) -> None:
-        check_batch(self, rows, grads, state, steps)
-        self.apply_at(rows, state, all_positions(len(rows)), grads, steps)
-
     def apply_at(self, table: np.ndarray, state: Mapping[str, np.ndarray], at: np.ndarray,
                  grads: np.ndarray, steps: np.ndarray, out: np.ndarray = NO_OUT) -> None:
         adagrad_at(table, state["accumulator"], at, grads, steps, _F32(self.lr), _F32(self.eps),
@@ -242,7 +243,7 @@ class Adagrad:
 
 
 @dataclass(frozen=True, slots=True)
-class Adam:
+class Adam(_BuiltIn):
     """Adam as torch.optim.Adam (amsgrad=False, weight_decay=0), bias-corrected with
     ``t = steps + 1``; on a shard's tables ``steps`` is the table's update count (clock
     "table"), as torch.optim.SparseAdam does::
@@ -267,11 +268,6 @@ class Adam:
              beta2=_hyper(self.name, "beta2", self.beta2, lo=0.0, lo_open=False, hi=1.0),
              eps=_hyper(self.name, "eps", self.eps, lo=0.0, lo_open=True))
 
-    def apply(self, rows: np.ndarray, grads: np.ndarray, state: Mapping[str, np.ndarray],
-              steps: np.ndarray) -> None:
-        check_batch(self, rows, grads, state, steps)
-        self.apply_at(rows, state, all_positions(len(rows)), grads, steps)
-
     def apply_at(self, table: np.ndarray, state: Mapping[str, np.ndarray], at: np.ndarray,
                  grads: np.ndarray, steps: np.ndarray, out: np.ndarray = NO_OUT) -> None:
         # m = lerp(m, g, 1 - beta1), with torch's two-sided formula: exact (m = g) at beta1 = 0.
@@ -281,7 +277,7 @@ class Adam:
 
 
 @dataclass(frozen=True, slots=True)
-class FTRL:
+class FTRL(_BuiltIn):
     """FTRL-Proximal, per coordinate (McMahan et al. 2013, Algorithm 1)::
 
         w = 0 if |z| <= l1 else -(z - sign(z) * l1) / ((beta + sqrt(n)) / alpha + l2)
@@ -308,11 +304,6 @@ class FTRL:
              beta=_hyper(self.name, "beta", self.beta, lo=0.0, lo_open=True),
              l1=_hyper(self.name, "l1", self.l1, lo=0.0, lo_open=False),
              l2=_hyper(self.name, "l2", self.l2, lo=0.0, lo_open=False))
-
-    def apply(self, rows: np.ndarray, grads: np.ndarray, state: Mapping[str, np.ndarray],
-              steps: np.ndarray) -> None:
-        check_batch(self, rows, grads, state, steps)
-        self.apply_at(rows, state, all_positions(len(rows)), grads, steps)
 
     def apply_at(self, table: np.ndarray, state: Mapping[str, np.ndarray], at: np.ndarray,
                  grads: np.ndarray, steps: np.ndarray, out: np.ndarray = NO_OUT) -> None:
