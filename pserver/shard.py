@@ -81,9 +81,13 @@ class Counters:
 
 
 class PserverShard:
-    def __init__(self, endpoints: Endpoints, options: ShardOptions) -> None:
+    def __init__(self, endpoints: Endpoints, options: ShardOptions, *, etcd: Etcd | None = None,
+                 redis_conn: redis.Redis | None = None) -> None:
+        """`etcd` and `redis_conn`: clients to use instead of connecting to `endpoints` (the
+        caller keeps and closes them); the broker's are made by the parts that use them."""
         self.endpoints = endpoints
         self.options = options
+        self._given_etcd, self._given_redis = etcd, redis_conn
         self.keys = EtcdKeys(options.job)
         self.redis_keys = RedisKeys(options.job)
         self.counters = Counters()
@@ -99,7 +103,7 @@ class PserverShard:
     # -- life cycle ----------------------------------------------------------------------
     def run(self, stop: threading.Event, ready: threading.Event | None = None) -> None:
         """Recover, then serve until `stop`. Raises ShardLostError if the lease is lost."""
-        self.etcd = Etcd.connect(self.endpoints)
+        self.etcd = self._given_etcd or Etcd.connect(self.endpoints)
         try:
             config = wait_for_job_config(self.etcd, self.options.job, stop, log)
             if config is None:
@@ -113,7 +117,8 @@ class PserverShard:
             finally:
                 self.lease.revoke()
         finally:
-            self.etcd.close()
+            if self._given_etcd is None:
+                self.etcd.close()
 
     def _serve(self, config: JobConfig, stop: threading.Event, ready: threading.Event | None) -> None:
         index = self.index
@@ -141,7 +146,7 @@ class PserverShard:
             self.checkpoints.latest = restored.manifest.checkpoint_id
             log.info("shard %d: loaded checkpoint %s, replaying %s from offset %d", index,
                      self.checkpoints.latest, self.grads.topic, resume)
-        self.redis = redis_client(self.endpoints)
+        self.redis = self._given_redis or redis_client(self.endpoints)
         self.publishing = BackgroundPublisher(Publisher(self.redis, config.name, index), self.state,
                                               self.lock, self.options.publish_interval_s,
                                               self.options.housekeeping_s, self.metrics.publish_seconds)
@@ -166,7 +171,8 @@ class PserverShard:
                 gc.unfreeze()
         finally:
             self.grads.close()
-            self.redis.close()
+            if self._given_redis is None:
+                self.redis.close()
 
     def _replay(self, stop: threading.Event) -> None:
         """Apply everything committed before start-up without publishing row by row: the

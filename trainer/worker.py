@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import redis
 import torch
 from streamtrain.infra import Endpoints
 from streamtrain.infra.clients import TopicSpec, ensure_topics, redis_client
@@ -83,8 +84,12 @@ class TrainerStats:
 
 class Trainer:
     def __init__(self, endpoints: Endpoints, job: str, trainer_id: str | None = None,
-                 device: torch.device | None = None, lease_ttl_s: int = 10) -> None:
+                 device: torch.device | None = None, lease_ttl_s: int = 10, *, etcd: Etcd | None = None,
+                 redis_conn: redis.Redis | None = None) -> None:
+        """`etcd` and `redis_conn`: clients to use instead of connecting to `endpoints` (the
+        caller keeps and closes them); the broker's are made by the parts that use them."""
         self.endpoints = endpoints
+        self._given_etcd, self._given_redis = etcd, redis_conn
         self.job = job
         self.trainer_id = trainer_id or f"{socket.gethostname()}-{os.getpid()}"
         self.device = device or default_device()
@@ -95,7 +100,7 @@ class Trainer:
 
     # -- life cycle ----------------------------------------------------------------------
     def run(self, stop: threading.Event, max_tasks: int | None = None) -> None:
-        self.etcd = Etcd.connect(self.endpoints)
+        self.etcd = self._given_etcd or Etcd.connect(self.endpoints)
         try:
             config = wait_for_job_config(self.etcd, self.job, stop, log)
             if config is None:
@@ -111,11 +116,13 @@ class Trainer:
                     self.delivery.close()
                     self.applied_watch.close()
                     self.gate.close()
-                    self.redis.close()
+                    if self._given_redis is None:
+                        self.redis.close()
                     self.lease.revoke()
                     gc.unfreeze()
         finally:
-            self.etcd.close()
+            if self._given_etcd is None:
+                self.etcd.close()
 
     def _setup(self, config: JobConfig) -> None:
         self.config = config
@@ -145,7 +152,7 @@ class Trainer:
         self.rows = RowLayout.of(self.model.tables)
         self.layout = DenseLayout(self.model)
         self.layout.load({})
-        self.redis = redis_client(self.endpoints)
+        self.redis = self._given_redis or redis_client(self.endpoints)
         client = ParamClient(self.redis, config.name, self.slot_map)
         self.sync = ParamSync(client, self.layout, replica=RowReplica(self.rows.name, self.rows.width, self.shards))
         self.buffer = GradientBuffer(self.slot_map, self.shards)
