@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
 from streamtrain.schemas import ShardStats
 
@@ -39,12 +42,41 @@ def metrics_port(port: int | None = None) -> int:
         raise ValueError(f"{PORT_ENV}={value!r} is not a port number") from None
 
 
-def serve_metrics(port: int | None = None, addr: str = "0.0.0.0",
-                  registry: CollectorRegistry = REGISTRY) -> int:
-    """Serve `/metrics` (Prometheus text format) from a daemon thread; return the bound port.
-    `port` None: $STREAMTRAIN_METRICS_PORT, else 0; 0 picks a free port."""
-    server, _ = start_http_server(metrics_port(port), addr, registry)
+def serve_metrics(port: int | None = None, addr: str = "0.0.0.0", registry: CollectorRegistry = REGISTRY,
+                  ready: Callable[[], bool] = lambda: True) -> int:
+    """Serve `/metrics` (Prometheus text format), `/healthz` (200 while the process answers: a
+    liveness probe) and `/readyz` (200 while `ready()`, else 503: a readiness probe) from a
+    daemon thread; return the bound port. `port` None: $STREAMTRAIN_METRICS_PORT, else 0; 0
+    picks a free port."""
+    metrics = make_wsgi_app(registry)
+
+    def app(environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        if path in ("/healthz", "/readyz"):
+            ok = path == "/healthz" or _asked(ready)
+            start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
+            return [b"ok\n" if ok else b"not ready\n"]
+        return metrics(environ, start_response)
+
+    server = make_server(addr, metrics_port(port), app, _ThreadingServer, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     return int(server.server_address[1])
+
+
+def _asked(ready: Callable[[], bool]) -> bool:
+    try:
+        return bool(ready())
+    except Exception:  # noqa: BLE001  a probe answers; the process's own thread reports the error
+        return False
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002  probes every few seconds
+        pass
 
 
 # -- metric families (one set per process) ----------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -130,11 +131,12 @@ MetricsPortOpt = Annotated[Optional[int], typer.Option(
     help="Port of the Prometheus /metrics endpoint (default 0: a free port, logged at start-up).")]
 
 
-def _serve_metrics(port: int | None, process: str) -> None:
+def _serve_metrics(port: int | None, process: str, ready: Callable[[], bool] = lambda: True) -> None:
     from streamtrain.jobstate.observability import serve_metrics
 
-    bound = serve_metrics(port or 0)
-    logging.getLogger(f"streamtrain.{process}").info("metrics at http://0.0.0.0:%d/metrics", bound)
+    bound = serve_metrics(port or 0, ready=ready)
+    logging.getLogger(f"streamtrain.{process}").info(
+        "metrics at http://0.0.0.0:%d/metrics, probes at /healthz and /readyz", bound)
 
 
 def _setup_logging(verbose: bool = False) -> None:
@@ -215,9 +217,9 @@ def pserver_cmd(
 
     _setup_logging(verbose)
     stop = stop_on_signals()
-    _serve_metrics(metrics_port, "pserver")
     shard = PserverShard(Endpoints.resolve(), ShardOptions(
         _job_name(job), index, lease_ttl_s=lease_ttl_s, checkpoint_every_s=checkpoint_every_s))
+    _serve_metrics(metrics_port, "pserver", ready=lambda: shard.serving)
     log = logging.getLogger("streamtrain.pserver")
     try:
         shard.run(stop)
@@ -250,9 +252,10 @@ def trainer_cmd(
 
     _setup_logging(verbose)
     stop = stop_on_signals()
-    _serve_metrics(metrics_port, "trainer")
+    trainer = Trainer(Endpoints.resolve(), _job_name(job), trainer_id, lease_ttl_s=lease_ttl_s)
+    _serve_metrics(metrics_port, "trainer", ready=lambda: trainer.registered)
     try:
-        Trainer(Endpoints.resolve(), _job_name(job), trainer_id, lease_ttl_s=lease_ttl_s).run(stop, max_tasks)
+        trainer.run(stop, max_tasks)
     except MasterError as exc:
         logging.getLogger("streamtrain.trainer").error("%s", exc)
         raise typer.Exit(1) from exc

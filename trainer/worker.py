@@ -98,6 +98,12 @@ class Trainer:
         self.step = 0  # push groups sent, across tasks
         self.obs = TrainerMetrics.for_trainer(job, self.trainer_id)  # Prometheus, docs/observability.md
 
+    @property
+    def registered(self) -> bool:
+        """Set up and a member of the job (its readiness): its lease held."""
+        lease = getattr(self, "lease", None)
+        return lease is not None and not lease.lost.is_set() and hasattr(self, "committer")
+
     # -- life cycle ----------------------------------------------------------------------
     def run(self, stop: threading.Event, max_tasks: int | None = None) -> None:
         self.etcd = self._given_etcd or Etcd.connect(self.endpoints)

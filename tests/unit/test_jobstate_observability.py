@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from streamtrain.curves import Curves
 from streamtrain.schemas import ShardStats, TaskReport
@@ -152,3 +153,24 @@ def test_metric_families_are_made_under_a_lock() -> None:
     assert observability._get("test-lock", lambda: held.append(observability._families_lock.locked()) or 1) == 1
     assert held == [True]
     assert observability._get("test-lock", lambda: 2) == 1  # made once
+
+
+def test_probes_answer_liveness_always_and_readiness_as_the_process_says() -> None:
+    import urllib.error
+    import urllib.request
+
+    state = {"ready": lambda: False}
+    port = serve_metrics(0, addr="127.0.0.1", registry=CollectorRegistry(), ready=lambda: state["ready"]())
+
+    def status(path: str) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
+                return reply.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    assert (status("/healthz"), status("/readyz"), status("/metrics")) == (200, 503, 200)
+    state["ready"] = lambda: True
+    assert status("/readyz") == 200
+    state["ready"] = lambda: 1 / 0  # a readiness check that fails reads as not ready
+    assert status("/readyz") == 503
