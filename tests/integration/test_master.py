@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -20,7 +19,7 @@ from streamtrain.jobstate.errors import TaskLostError
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.membership import members, register_pserver, register_trainer
 from streamtrain.jobstate.tasks import TaskClient
-from streamtrain.schemas import EtcdKeys, TaskRecord
+from streamtrain.schemas import EtcdKeys, JobState, TaskRecord
 
 pytestmark = pytest.mark.services
 
@@ -289,7 +288,7 @@ def test_bounded_input_is_trained_once_per_pass_then_the_job_finishes(
     state_key = EtcdKeys(config.name).state
 
     wait_for(lambda: not trainer.drain_once() and etcd.get(state_key) is not None, 60, "job finished")
-    assert json.loads(etcd.get(state_key).value) == {"state": "finished"}
+    assert JobState.from_json(etcd.get(state_key).value).finished
     for p in range(3):
         assert_exact_cover(trainer.completed, {(topic, 0): 40, (topic, 1): 25}, pass_no=p)
     ids = {TaskRecord.make_id(t, part, s, p) for t, part, s, _, p in trainer.completed}

@@ -22,7 +22,7 @@ from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.master.service import Master
 from streamtrain.producers.clickmodel import ClickModel
 from streamtrain.pserver.shard import PserverShard, ShardOptions
-from streamtrain.schemas import DeadLetter, EtcdKeys, Example, GradientDelta, RedisKeys, TaskRecord, Topics
+from streamtrain.schemas import DeadLetter, EtcdKeys, Example, GradientDelta, JobState, RedisKeys, TaskRecord, Topics
 from streamtrain.trainer.local import LocalTrainer
 from streamtrain.trainer.metrics import auc
 from streamtrain.trainer.params import ParamSync
@@ -92,7 +92,7 @@ def make_job(name: str, topic: str, tmp_path: Path, **train):
 
 def finished(etcd: Etcd, job: str) -> bool:
     entry = etcd.get(EtcdKeys(job).state)
-    return entry is not None and json.loads(entry.value).get("state") == "finished"
+    return entry is not None and JobState.from_json(entry.value).finished
 
 
 def shard_stats(redis_conn, job: str) -> list[dict]:
