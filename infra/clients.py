@@ -27,16 +27,38 @@ def kafka_admin(endpoints: Endpoints):
     return AdminClient({"bootstrap.servers": endpoints.kafka})
 
 
-def ensure_topics(endpoints: Endpoints, specs: Iterable[TopicSpec], timeout: float = 30.0) -> None:
-    """Create the topics that do not exist yet; existing ones are left as they are."""
+def replication(brokers: int, factor: int = 0, min_insync: int = 0) -> tuple[int, int]:
+    """(replication factor, min.insync.replicas) for a new topic on a cluster of `brokers`:
+    `factor` and `min_insync` as given, 0 for the defaults, min(3, brokers) and min(2, factor).
+    A factor above the brokers would fail at creation, and a min.insync.replicas above the
+    factor would refuse every acks=all write, so neither is allowed to."""
+    factor = factor or min(3, brokers)
+    if factor > brokers:
+        raise InfraError(f"replication factor {factor} needs that many brokers; the cluster has {brokers}")
+    min_insync = min_insync or min(2, factor)
+    if min_insync > factor:
+        raise InfraError(f"min.insync.replicas {min_insync} is above the replication factor {factor}")
+    return factor, min_insync
+
+
+def ensure_topics(endpoints: Endpoints, specs: Iterable[TopicSpec], timeout: float = 30.0,
+                  replication_factor: int = 0, min_insync_replicas: int = 0) -> None:
+    """Create the topics that do not exist yet, replicated as `replication` says for the
+    brokers the cluster has; existing ones are left as they are."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import NewTopic
 
-    admin = kafka_admin(endpoints)
-    new = [NewTopic(s.name, num_partitions=s.partitions, replication_factor=1, config=dict(s.config))
-           for s in specs]
-    if not new:
+    specs = list(specs)
+    if not specs:
         return
+    admin = kafka_admin(endpoints)
+    try:
+        brokers = len(admin.list_topics(timeout=timeout).brokers)
+    except KafkaException as exc:
+        raise InfraError(f"listing the brokers failed: {exc.args[0].str()}") from exc
+    factor, min_insync = replication(brokers, replication_factor, min_insync_replicas)
+    new = [NewTopic(s.name, num_partitions=s.partitions, replication_factor=factor,
+                    config={"min.insync.replicas": str(min_insync), **s.config}) for s in specs]
     for name, future in admin.create_topics(new, operation_timeout=timeout).items():
         try:
             future.result(timeout=timeout)

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from streamtrain.jobstate.config_rules import _JSON_VERSION, CsvColumn, JobConfigError, _fix, _show
-from streamtrain.jobstate.config_sections import (_KEYS, _SECTIONS, InputSection, JobSection, MasterSection,
-                                                  ModelSection, PserversSection, TasksSection, TrainSection)
+from streamtrain.jobstate.config_sections import (_KEYS, _SECTIONS, InputSection, JobSection, KafkaSection,
+                                                  MasterSection, ModelSection, PserversSection, TasksSection,
+                                                  TrainSection)
 from streamtrain.jobstate.fields import DeclaredFields
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "JobConfig",
     "JobConfigError",
     "JobSection",
+    "KafkaSection",
     "MasterSection",
     "ModelSection",
     "PserversSection",
@@ -57,6 +59,7 @@ class JobConfig:
     train: TrainSection = field(default_factory=TrainSection)
     pservers: PserversSection = field(default_factory=PserversSection)
     master: MasterSection = field(default_factory=MasterSection)
+    kafka: KafkaSection = field(default_factory=KafkaSection)
 
     def __post_init__(self) -> None:
         for name, cls in _SECTIONS.items():

@@ -297,6 +297,29 @@ class MasterSection:
         _int("master.compact_history_s", self.compact_history_s, 0)
 
 
+@dataclass(frozen=True)
+class KafkaSection:
+    """``[kafka]``: how the job's own topics (gradients, dead letters, metrics) are created when
+    they do not exist yet; topics that exist are left as they are.
+
+    Attributes:
+        replication_factor: replicas of each partition; 0: min(3, brokers in the cluster).
+        min_insync_replicas: replicas that must have a write before it is acknowledged (every
+            producer of the job asks for all of them); 0: min(2, the replication factor).
+    """
+
+    replication_factor: int = 0
+    min_insync_replicas: int = 0
+
+    def __post_init__(self) -> None:
+        _int("kafka.replication_factor", self.replication_factor, 0, 32767)
+        _int("kafka.min_insync_replicas", self.min_insync_replicas, 0, 32767)
+        if 0 < self.replication_factor < self.min_insync_replicas:
+            raise JobConfigError("kafka.min_insync_replicas",
+                                 f"{self.min_insync_replicas} is more than the replication factor "
+                                 f"{self.replication_factor}: no write could be acknowledged")
+
+
 _SECTIONS: dict[str, type] = {
     "job": JobSection,
     "input": InputSection,
@@ -305,6 +328,7 @@ _SECTIONS: dict[str, type] = {
     "train": TrainSection,
     "pservers": PserversSection,
     "master": MasterSection,
+    "kafka": KafkaSection,
 }
 _KEYS: dict[str, tuple[str, ...]] = {
     name: tuple(f.name for f in fields(cls)) for name, cls in _SECTIONS.items()

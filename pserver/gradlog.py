@@ -17,6 +17,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 
 from streamtrain.infra import Endpoints
 from streamtrain.infra.clients import TopicSpec, ensure_topics
+from streamtrain.jobstate.config import KafkaSection
 from streamtrain.jobstate.offsets import Bounds, InputOffsets, InputUnavailableError
 from streamtrain.pserver.state import BadDeltaError
 from streamtrain.schemas import DeadLetter, GradientDelta, SchemaError, Topics
@@ -34,7 +35,7 @@ class GradientLog:
     """Reads shard `shard`'s gradient topic from `next_offset` on; `bad` counts the records
     dead-lettered."""
 
-    def __init__(self, endpoints: Endpoints, job: str, shard: int) -> None:
+    def __init__(self, endpoints: Endpoints, job: str, shard: int, kafka: KafkaSection = KafkaSection()) -> None:
         topics = Topics(job)
         self.job, self.shard = job, shard
         self.topic, self.dlq_topic = topics.grad(shard), topics.dlq
@@ -45,7 +46,7 @@ class GradientLog:
             # Keyed by the bad record's position, so compaction keeps one entry per record even
             # when a replay dead-letters it again.
             TopicSpec(self.dlq_topic, 1, {"cleanup.policy": "compact"}),
-        ])
+        ], replication_factor=kafka.replication_factor, min_insync_replicas=kafka.min_insync_replicas)
         self._admin = InputOffsets(endpoints)
         self._consumer = Consumer({
             "bootstrap.servers": endpoints.kafka,

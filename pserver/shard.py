@@ -126,7 +126,7 @@ class PserverShard:
         self.metrics = PserverMetrics.for_shard(config.name, index)
         # Sync mode waits at a step barrier; bounded mode only reports trainers' steps.
         self.barrier = StepBarrier(sync=config.train.sgd == "sync")
-        self.grads = GradientLog(self.endpoints, config.name, index)
+        self.grads = GradientLog(self.endpoints, config.name, index, config.kafka)
         slots_entry = self.etcd.get(self.keys.slots)
         if slots_entry is None:
             raise MasterError(f"job {config.name!r} has no slot map in etcd: start its master first")

@@ -99,7 +99,9 @@ class LocalJob:
             self.job_file = self.log_dir / f"{self.name}.job.json"
             self.job_file.write_bytes(self.config.to_json())
         # The metrics topic as trainers would create it, so the status can be read from the start.
-        ensure_topics(self.endpoints, [TopicSpec(Topics(self.name).metrics)])
+        kafka = self.config.kafka
+        ensure_topics(self.endpoints, [TopicSpec(Topics(self.name).metrics)],
+                      replication_factor=kafka.replication_factor, min_insync_replicas=kafka.min_insync_replicas)
         self.supervisor = Supervisor(self.endpoints.env(), self.log_dir)
         self.supervisor.add("master", ["master", "--job", str(self.job_file)])
         for i in range(self.config.pservers.count):

@@ -145,7 +145,8 @@ class Trainer:
         self.slot_map = SlotMap.from_json(slots.value)
         self.shards = self.slot_map.shards
         ensure_topics(self.endpoints, [TopicSpec(self.topics.metrics), TopicSpec(self.topics.dlq, 1, {
-            "cleanup.policy": "compact"})] + [TopicSpec(self.topics.grad(s)) for s in range(self.shards)])
+            "cleanup.policy": "compact"})] + [TopicSpec(self.topics.grad(s)) for s in range(self.shards)],
+            replication_factor=config.kafka.replication_factor, min_insync_replicas=config.kafka.min_insync_replicas)
         spec = model_spec(config)
         # Started first: the child's imports overlap the rest of the start-up. Records are
         # decoded in chunks large enough to amortise the per-chunk numpy calls.

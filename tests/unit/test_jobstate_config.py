@@ -157,6 +157,7 @@ def test_minimal_job_file_takes_every_documented_default():
             "keep_checkpoints": 3,
         },
         "master": {"lock_ttl_s": 10, "poll_ms": 200, "compact_history_s": 10},
+        "kafka": {"replication_factor": 0, "min_insync_replicas": 0},
     }
 
 
