@@ -75,6 +75,11 @@ class Publisher:
     def client(self) -> redis.Redis:
         return self._redis
 
+    @property
+    def unflushed_rows(self) -> int:
+        """Rows changed since the last flush: in rounds, not yet in their keys."""
+        return self._dirty_rows
+
     def flush_due(self) -> bool:
         return flush_due(time.monotonic() - self._flushed_at, self._dirty_rows, self._round - self._flush_round)
 

@@ -108,6 +108,13 @@ class BackgroundPublisher:
             self.publisher.unpublish_rows(name, gone)
         self.publisher.unpublish_blocks(set(current.dense) - set(kept.dense))
 
+    def settled(self) -> bool:
+        """Whether everything applied so far is in Redis, row keys included: no round on the
+        wire, no changes waiting for one, no rows waiting for a flush."""
+        with self.round_lock, self.lock:
+            return (not self._everything and not self._pending.rows and not self._pending.blocks
+                    and self.publisher.unflushed_rows == 0)
+
     def start(self) -> None:
         self._thread.start()
 

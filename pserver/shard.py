@@ -280,6 +280,7 @@ class PserverShard:
             if self.barrier.sync else None,
             examples_by_partition=dict(by_partition),
             table_rows={name: t.size for name, t in state.tables.items()},
+            settled=self.serving and self.publishing.settled(),
         )
 
     # -- dedup folding -------------------------------------------------------------------

@@ -166,7 +166,8 @@ class ShardStats:
     checkpoint: `examples`, `dropped`, `dedup_entries`; the rest since the process began).
 
     `offset`: the next gradient offset it reads (everything before is applied); `version`: its
-    publish version; `checkpoint`: the checkpoint it holds; `examples_by_partition`: examples
+    publish version; `settled`: everything it applied is in Redis, row keys included (what a
+    reader of the keys, such as `streamtrain predict`, sees); `checkpoint`: the checkpoint it holds; `examples_by_partition`: examples
     applied per input `topic:partition` (each exactly once: the ledger); `table_rows`: rows per
     table; `at`: when it wrote this (epoch s)."""
 
@@ -187,6 +188,7 @@ class ShardStats:
     dedup_entries: int = 0
     fold_checks: int = 0
     examples: int = 0
+    settled: bool = False
     checkpoint: str | None = None
     barrier: BarrierStats | None = None
     examples_by_partition: dict[str, int] = field(default_factory=dict)
@@ -195,8 +197,9 @@ class ShardStats:
     def __post_init__(self) -> None:
         _stats.integer("shard", self.shard, hi=U32_MAX)
         _stats.integer("pid", self.pid, hi=U32_MAX)
-        if not isinstance(self.serving, bool):
-            raise _stats.error("serving", f"expected a boolean, got {type(self.serving).__name__}")
+        for key in ("serving", "settled"):
+            if not isinstance(getattr(self, key), bool):
+                raise _stats.error(key, f"expected a boolean, got {type(getattr(self, key)).__name__}")
         _stats.number("at", self.at)
         for key in _COUNTS:
             _stats.integer(key, getattr(self, key))

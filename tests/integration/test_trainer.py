@@ -100,8 +100,10 @@ def shard_stats(redis_conn, job: str) -> list[dict]:
 
 
 def applied_exactly(redis_conn, job: str, counts: dict[int, int], topic: str) -> bool:
+    """Every shard applied each partition's examples once, and has all of it in Redis (row
+    keys included: what the holdout scoring reads)."""
     want = {f"{topic}:{p}": n for p, n in counts.items()}
-    return all(s.get("examples_by_partition") == want for s in shard_stats(redis_conn, job))
+    return all(s.get("examples_by_partition") == want and s.get("settled") for s in shard_stats(redis_conn, job))
 
 
 def holdout_auc(etcd: Etcd, redis_conn, config) -> float:
