@@ -53,6 +53,11 @@ def field(check: Check, doc: dict[str, Any], key: str, default: Any = _MISSING, 
     return value
 
 
+def required(check: Check, doc: dict[str, Any], *keys: str) -> list[Any]:
+    """The values of `keys`, each of which must be present."""
+    return [field(check, doc, key) for key in keys]
+
+
 def array(check: Check, value: Any, path: str) -> list[Any]:
     if not isinstance(value, list):
         raise check.error(path, f"expected a JSON array, got {_kind(value)}")

@@ -111,12 +111,8 @@ class ShardCheckpoint:
     def from_json(cls, data: bytes | str) -> ShardCheckpoint:
         """Raises: SchemaError."""
         doc = _json.loads(_shard, data)
-
-        def get(key: str) -> object:
-            return _json.field(_shard, doc, key)
-
-        return cls(get("shard"), get("uri"), get("grad_offset"), get("created_at"), get("optimizer"),
-                   _json.obj(_shard, get("rows"), "rows"))
+        *head, rows = _json.required(_shard, doc, "shard", "uri", "grad_offset", "created_at", "optimizer", "rows")
+        return cls(*head, _json.obj(_shard, rows, "rows"))
 
 
 @dataclass(frozen=True)

@@ -89,12 +89,8 @@ class Holder:
     def from_json(cls, data: bytes | str) -> Holder:
         """Raises: SchemaError."""
         doc = _json.loads(_holder, data)
-
-        def get(key: str) -> object:
-            return _json.field(_holder, doc, key)
-
-        return cls(get("role"), get("name"), get("pid"), get("host"), doc.get("boot", ""), doc.get("pidns", ""),
-                   doc.get("since", 0.0), doc.get("address"))
+        return cls(*_json.required(_holder, doc, "role", "name", "pid", "host"), doc.get("boot", ""),
+                   doc.get("pidns", ""), doc.get("since", 0.0), doc.get("address"))
 
 
 @dataclass(frozen=True)

@@ -53,13 +53,9 @@ class TaskReport:
     def from_json(cls, data: bytes | str) -> TaskReport:
         """Raises: SchemaError."""
         doc = _json.loads(_report, data)
-
-        def get(key: str) -> object:
-            return _json.field(_report, doc, key)
-
-        return cls(get("task_id"), get("trainer_id"), get("attempt"), get("examples"), get("bad_records"),
-                   get("positives"), get("loss"), get("auc"), get("pull_s"), get("compute_s"), get("push_s"),
-                   get("started_at"), get("finished_at"), doc.get("max_event_time_ms", 0))
+        return cls(*_json.required(_report, doc, "task_id", "trainer_id", "attempt", "examples", "bad_records",
+                                   "positives", "loss", "auc", "pull_s", "compute_s", "push_s", "started_at",
+                                   "finished_at"), doc.get("max_event_time_ms", 0))
 
 
 _report = Check("TaskReport", VERSION)
