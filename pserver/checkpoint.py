@@ -3,7 +3,7 @@ pyarrow supports (s3://, hdfs://, gs://) by config.
 
 Layout under `<checkpoint_uri>/shard-<i>/<checkpoint_id>/`: one .npy file per array (ids,
 values, steps and every optimizer state array of each table; dense blocks), `index.json` (each
-table's width and update count), `dedup.json`, and
+table's width and update count), `dedup.json`, `examples.json` (examples applied per task and partition), and
 `MANIFEST.json` written last with every file's size and sha256. A checkpoint counts only once
 its manifest exists and its files match it, so a crash mid-write leaves an ignored directory,
 never a torn checkpoint. Older checkpoints are deleted only after the new manifest is written

@@ -205,7 +205,7 @@ class RedisKeys:
 
     def applied(self, shard: int) -> str:
         """Per trainer, the newest step of it this shard has applied (or dropped as a
-        duplicate) and published: {id: step}, JSON. Written with the values it describes, so a
+        duplicate) and published (`AppliedSteps`). Written with the values it describes, so a
         trainer can tell which of its own pushes a pull already includes."""
         return f"{self.prefix}applied:{_redis_check.integer('shard', shard, hi=U32_MAX)}"
 
@@ -227,7 +227,7 @@ class RedisKeys:
         return f"{self.prefix}flushed:{_redis_check.integer('shard', shard, hi=U32_MAX)}"
 
     def stats(self, shard: int) -> str:
-        """A shard's counters as JSON (applied, dropped duplicates, bad deltas, examples)."""
+        """A shard's counters (`ShardStats`: applied, dropped duplicates, bad deltas, examples)."""
         return f"{self.prefix}stats:{_redis_check.integer('shard', shard, hi=U32_MAX)}"
 
     def _row_prefix(self, table: str) -> str:

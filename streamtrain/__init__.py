@@ -8,7 +8,8 @@ The Python API is small:
         job.wait_finished()
 
 `JobConfig` (streamtrain.jobstate.config) defines a job, `LocalJob` (streamtrain.local) runs it
-as local processes, `Endpoints` (streamtrain.infra) names the services, and `Predictor`
+as local processes, `Endpoints` (streamtrain.infra) names the services (`LocalServices` starts
+local ones, as `streamtrain up` does), and `Predictor`
 (streamtrain.predict) scores records with the served parameters. The `streamtrain` command
 (streamtrain.cli) is built on the same parts.
 
@@ -22,9 +23,9 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from streamtrain.infra import Endpoints
+    from streamtrain.infra import Endpoints, LocalServices
     from streamtrain.jobstate.config import JobConfig, JobConfigError
-    from streamtrain.local import LocalJob, LocalJobResult
+    from streamtrain.local import LocalJob, LocalJobError, LocalJobResult
     from streamtrain.predict import Predictor
     from streamtrain.schemas import StreamtrainError
 
@@ -33,7 +34,9 @@ _EXPORTS = {
     "JobConfig": "streamtrain.jobstate.config",
     "JobConfigError": "streamtrain.jobstate.config",
     "LocalJob": "streamtrain.local",
+    "LocalJobError": "streamtrain.local",
     "LocalJobResult": "streamtrain.local",
+    "LocalServices": "streamtrain.infra",
     "Predictor": "streamtrain.predict",
     "StreamtrainError": "streamtrain.schemas",
 }

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from streamtrain.infra import Endpoints
 from streamtrain.infra.endpoints import state_home
 from streamtrain.jobstate.config import JobConfig
+from streamtrain.schemas import StreamtrainError
 from streamtrain.supervisor import Supervisor, pid_alive
 
 if TYPE_CHECKING:
@@ -37,6 +38,10 @@ if TYPE_CHECKING:
     from streamtrain.live import JobMonitor, Snapshot
 
 POLL_S = 0.2  # how soon an exited child is noticed (its restart backoff starts then)
+
+
+class LocalJobError(StreamtrainError, RuntimeError):
+    """A LocalJob used out of turn: started twice, or asked about before `start()`."""
 
 
 @dataclass
@@ -92,7 +97,7 @@ class LocalJob:
         from streamtrain.schemas import Topics
 
         if self.supervisor is not None:
-            raise RuntimeError(f"LocalJob {self.name!r} already started")
+            raise LocalJobError(f"LocalJob {self.name!r} already started")
         self._started = time.monotonic()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if self.job_file is None:
@@ -117,7 +122,7 @@ class LocalJob:
         """Another `python -m streamtrain ARGS` child under the same supervisor, restarted the
         same way (the demo's producer); `args` may be a callable evaluated at every start."""
         if self.supervisor is None:
-            raise RuntimeError(f"LocalJob {self.name!r}: start() first")
+            raise LocalJobError(f"LocalJob {self.name!r}: start() first")
         with self._lock:
             self.supervisor.add(name, args)
 
@@ -208,5 +213,5 @@ class LocalJob:
 
     def _running_monitor(self) -> JobMonitor:
         if self.monitor is None or self.result is not None:
-            raise RuntimeError(f"LocalJob {self.name!r} is not running")
+            raise LocalJobError(f"LocalJob {self.name!r} is not running")
         return self.monitor

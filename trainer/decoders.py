@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from streamtrain.infra.endpoints import Endpoints
-from streamtrain.jobstate.config import InputSection
+from streamtrain.jobstate.config import InputSection, JobConfigError
 from streamtrain.schemas import Example, SchemaError, StreamtrainError
 from streamtrain.trainer.registered import DeclaredAvro, DeclaredProtobuf, Fetch, registry_fetch
 from streamtrain.trainer.csvinput import CsvChunks, CsvDecoder
@@ -346,9 +346,9 @@ def _user_decoder(spec: str) -> Callable[[bytes], Example]:
         for part in attr.split("."):
             target = getattr(target, part)
     except (ImportError, AttributeError) as exc:
-        raise ValueError(f"input.format {spec!r}: cannot load the decoder: {exc}") from exc
+        raise JobConfigError("input.format", f"{spec!r}: cannot load the decoder: {exc}") from exc
     if not callable(target):
-        raise ValueError(f"input.format {spec!r}: {attr} is not callable")
+        raise JobConfigError("input.format", f"{spec!r}: {attr} is not callable")
     return target
 
 
