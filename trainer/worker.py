@@ -27,19 +27,18 @@ import redis
 import torch
 from streamtrain.infra import Endpoints
 from streamtrain.infra.clients import TopicSpec, ensure_topics, redis_client
-from streamtrain.infra.schema_registry import RegistryUnavailableError
 from streamtrain.jobstate.config import JobConfig
-from streamtrain.jobstate.errors import CoordinationError, MasterError, TaskLostError
+from streamtrain.jobstate.errors import MasterError, TaskLostError
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.membership import register_trainer, wait_for_job_config
 from streamtrain.jobstate.observability import TrainerMetrics
 from streamtrain.jobstate.optimizers import make_rule
-from streamtrain.jobstate.paramstore import AppliedWatch, ParamClient, ParamsUnavailableError
+from streamtrain.jobstate.paramstore import AppliedWatch, ParamClient
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.jobstate.tasks import ClaimedTask, TaskClient
 from streamtrain.schemas import DeadLetter, EtcdKeys, Topics
 from streamtrain.trainer.committer import Committer, Ended
-from streamtrain.trainer.delivery import Delivery, DeliveryError
+from streamtrain.trainer.delivery import Delivery
 from streamtrain.trainer.features import Batch, MiniBatches
 from streamtrain.trainer.feed import Chunk, TaskFeed
 from streamtrain.trainer.groups import GroupTrainer, rows_in_flight
@@ -48,18 +47,11 @@ from streamtrain.trainer.metrics import TaskMetrics
 from streamtrain.trainer.models import build_model, default_device, model_spec, use_torch_threads
 from streamtrain.trainer.own import OwnPushes, OwnRows
 from streamtrain.trainer.params import DenseLayout, GradientBuffer, ParamSync, RowLayout
-from streamtrain.trainer.reader import RangeReadError
+from streamtrain.trainer.policy import Stopped, heartbeat_due, task_end
 from streamtrain.trainer.replica import RowReplica
 from streamtrain.trainer.steps import InFlight, StepGate
 
 log = logging.getLogger(__name__)
-
-
-REGISTRY_AWAY_S = 5.0  # a schema registry that did not answer is asked again after this
-
-
-class _Stopped(Exception):
-    """Stop was requested mid-task: the task is released, not failed."""
 
 
 @dataclass
@@ -225,30 +217,18 @@ class Trainer:
             metrics = self.train_task(feed, first, stop)
             self.committer.end(self._task, self.delivery.take(), metrics)
             return
-        except _Stopped:
-            ending = "released"
-        except ParamsUnavailableError as exc:
-            log.warning("trainer %s: %s; giving the task back", self.trainer_id, exc)
-            stop.wait(exc.retry_after)
-            ending = "released"
-        except RegistryUnavailableError as exc:
-            # Its records are not bad, only unreadable for now: the task waits for the registry.
-            log.warning("trainer %s: %s; giving the task back", self.trainer_id, exc)
-            stop.wait(REGISTRY_AWAY_S)
-            ending = "released"
-        except TaskLostError as exc:
-            log.warning("trainer %s: %s", self.trainer_id, exc)
-            ending = "lost"
-        except CoordinationError as exc:
-            # etcd unreachable for a moment (or this process was frozen past a call's
-            # deadline): drop the task; it times out and is requeued if it was still ours.
-            log.warning("trainer %s: %s; dropping the task in hand", self.trainer_id, exc)
-            stop.wait(1.0)
-            ending = "lost"
-        except (RangeReadError, DeliveryError) as exc:
-            log.warning("trainer %s: task %s failed: %s", self.trainer_id, first.task.task_id, exc)
-            self._quietly(lambda t=self._task, e=exc: self.tasks.fail(t, str(e)))
-            ending = "failed"
+        except Exception as exc:  # noqa: BLE001  task_end decides which errors end only the task
+            end = task_end(exc)
+            if end is None:
+                raise
+            if not isinstance(exc, Stopped):
+                log.warning("trainer %s: task %s: %s%s", self.trainer_id, first.task.task_id, exc,
+                            f"; {end.why}" if end.why else "")
+            if end.ending == "failed":
+                self._quietly(lambda t=self._task, e=exc: self.tasks.fail(t, str(e)))
+            if end.wait_s:
+                stop.wait(end.wait_s)
+            ending = end.ending
         self.delivery.discard()
         self.committer.drop(self._task.task_id)
         self.own.forget(self._task.task_id)
@@ -296,7 +276,7 @@ class Trainer:
         metrics = self._metrics = TaskMetrics(task.task_id, self.trainer_id, task.record.attempt)
         self._seq = 0
         self._heartbeat_at = first.claimed_at
-        if time.monotonic() - self._heartbeat_at > self.config.tasks.timeout_s / 3:
+        if heartbeat_due(time.monotonic() - self._heartbeat_at, self.config.tasks.timeout_s):
             self._heartbeat()  # it waited in the feed: still ours?
         self.model.zero_grad(set_to_none=True)
         self.buffer.clear()
@@ -320,7 +300,7 @@ class Trainer:
             if chunk.error is not None:
                 raise chunk.error
             if stop.is_set():
-                raise _Stopped()
+                raise Stopped()
             yield from self._cut(chunk.records)
             if chunk.last:
                 break
@@ -373,7 +353,7 @@ class Trainer:
             self.step = self.gate.after_push(pushed, lambda: self.committer.raise_failed(task_id))
         elif self.in_flight is not None:
             self.in_flight.wait(self.own, pushed, lambda: self.committer.raise_failed(task_id))
-        if time.monotonic() - self._heartbeat_at > self.config.tasks.timeout_s / 3:
+        if heartbeat_due(time.monotonic() - self._heartbeat_at, self.config.tasks.timeout_s):
             self._heartbeat()
         elapsed = time.perf_counter() - started
         self._metrics.push_s += elapsed

@@ -1,0 +1,35 @@
+"""How a task whose training raised ends, and when a trainer heartbeats (`trainer.policy`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamtrain.infra.schema_registry import RegistryUnavailableError
+from streamtrain.jobstate.errors import CoordinationError, TaskLostError
+from streamtrain.jobstate.paramstore import ParamsUnavailableError
+from streamtrain.trainer.delivery import DeliveryError
+from streamtrain.trainer.policy import ETCD_AWAY_S, REGISTRY_AWAY_S, Stopped, TaskEnd, heartbeat_due, task_end
+from streamtrain.trainer.reader import RangeReadError
+
+
+@pytest.mark.parametrize("exc, end", [
+    (Stopped(), TaskEnd("released")),  # given back at once, no attempt counted
+    (ParamsUnavailableError([1], retry_after=0.7), TaskEnd("released", 0.7, "giving the task back")),
+    (RegistryUnavailableError("registry away"), TaskEnd("released", REGISTRY_AWAY_S, "giving the task back")),
+    (TaskLostError("claimed by another"), TaskEnd("lost")),  # not ours: nothing to give back
+    (CoordinationError("etcd away"), TaskEnd("lost", ETCD_AWAY_S, "dropping the task in hand")),
+    (RangeReadError("offsets gone"), TaskEnd("failed", 0.0, "failing the task")),
+    (DeliveryError("producer fenced"), TaskEnd("failed", 0.0, "failing the task")),
+], ids=lambda v: type(v).__name__)
+def test_each_error_ends_the_task_its_own_way(exc, end) -> None:
+    assert task_end(exc) == end
+
+
+def test_an_error_that_is_not_about_the_task_stops_the_trainer() -> None:
+    assert task_end(ZeroDivisionError()) is None
+    assert task_end(KeyError("a bug")) is None
+
+
+def test_a_task_is_heartbeaten_every_third_of_its_timeout() -> None:
+    assert not heartbeat_due(9.9, 30.0)
+    assert heartbeat_due(10.1, 30.0)

@@ -1,0 +1,61 @@
+"""A trainer's decisions about a task, as pure functions: how a task whose training raised
+ends, and when the trainer heartbeats it. The worker (worker.py) does what they say."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from streamtrain.infra.schema_registry import RegistryUnavailableError
+from streamtrain.jobstate.errors import CoordinationError, TaskLostError
+from streamtrain.jobstate.paramstore import ParamsUnavailableError
+from streamtrain.trainer.delivery import DeliveryError
+from streamtrain.trainer.reader import RangeReadError
+
+REGISTRY_AWAY_S = 5.0  # a schema registry that did not answer is asked again after this
+ETCD_AWAY_S = 1.0  # etcd did not answer in time: the next claim waits this long
+
+Ending = Literal["released", "lost", "failed"]
+
+
+class Stopped(Exception):  # noqa: N818  a signal to unwind, not an error
+    """The trainer was asked to stop in the middle of a task: it gives the task back."""
+
+
+@dataclass(frozen=True)
+class TaskEnd:
+    """`ending`: the task goes back to the queue at once ("released": no attempt counted),
+    waits out its timeout ("lost": no longer ours, or maybe not), or is failed ("failed":
+    an attempt counted, with the reason). `wait_s`: before the trainer claims again. `why`:
+    the log line's ending (empty: the error says it all)."""
+
+    ending: Ending
+    wait_s: float = 0.0
+    why: str = ""
+
+
+def task_end(exc: BaseException) -> TaskEnd | None:
+    """How a task whose training raised `exc` ends; None: `exc` is not about the task (a bug,
+    a broken producer) and stops the trainer."""
+    if isinstance(exc, Stopped):
+        return TaskEnd("released")
+    if isinstance(exc, ParamsUnavailableError):
+        return TaskEnd("released", exc.retry_after, "giving the task back")
+    if isinstance(exc, RegistryUnavailableError):
+        # Its records are not bad, only unreadable for now: the task waits for the registry.
+        return TaskEnd("released", REGISTRY_AWAY_S, "giving the task back")
+    if isinstance(exc, TaskLostError):
+        return TaskEnd("lost")
+    if isinstance(exc, CoordinationError):
+        # etcd unreachable for a moment (or this process was frozen past a call's deadline):
+        # drop the task; it times out and is requeued if it was still ours.
+        return TaskEnd("lost", ETCD_AWAY_S, "dropping the task in hand")
+    if isinstance(exc, (RangeReadError, DeliveryError)):
+        return TaskEnd("failed", 0.0, "failing the task")
+    return None
+
+
+def heartbeat_due(since_s: float, timeout_s: float) -> bool:
+    """Whether a task last heartbeaten `since_s` ago must be heartbeaten now: every third of
+    its timeout, so two heartbeats can be late before the master requeues it."""
+    return since_s > timeout_s / 3
