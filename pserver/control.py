@@ -1,12 +1,18 @@
-"""What a shard decides about the control plane's requests (schemas/control.py) and about
-folding its dedup ledger, as pure functions; pserver/shard.py reads the requests and does the
+"""What a shard decides about the control plane's requests (schemas/control.py), about its
+own checkpoints and about folding its dedup ledger, as pure functions; pserver/shard.py reads the
+requests and does the
 work."""
 
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import Literal
 
 from streamtrain.schemas import CheckpointRequest
+
+SERVICE_AWAY_S = 1.0  # a periodic step that failed on etcd or Redis is tried again after this
+
+Outcome = Literal["taken", "failed", "requested"]
 
 
 def checkpoint_to_take(request: CheckpointRequest, *, taken: Collection[str], kept: list[str],
@@ -36,3 +42,14 @@ def fold_ready(end: int | None, applied_below: int) -> bool:
     its examples lost (a task is done, and the watermark passes it, once its deltas are in the
     topic, not once they are applied)."""
     return end is not None and applied_below >= end
+
+
+def own_checkpoint_at(now: float, every_s: float, outcome: Outcome) -> float:
+    """When a shard takes its next checkpoint of its own (no rollback target: for its restarts)
+    after `outcome`: one it took ("taken"), one that failed on etcd or Redis ("failed": soon
+    again), or one the master requested ("requested"). The master requests one every
+    `every_s`, so the shard's own waits half an interval longer: it is taken only when a
+    request is late."""
+    if outcome == "failed":
+        return now + SERVICE_AWAY_S
+    return now + (1.5 * every_s if outcome == "requested" else every_s)

@@ -40,7 +40,7 @@ from streamtrain.jobstate.optimizers import make_rule
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.pserver.barrier import StepBarrier
 from streamtrain.pserver.checkpoint import CheckpointStore
-from streamtrain.pserver.control import fold_ready, rolled_back_id
+from streamtrain.pserver.control import fold_ready, own_checkpoint_at, rolled_back_id
 from streamtrain.pserver.gradlog import GradientLog
 from streamtrain.pserver.keeper import CheckpointKeeper
 from streamtrain.pserver.publisher import Publisher
@@ -51,7 +51,6 @@ from streamtrain.schemas import (BarrierStats, BarrierSteps, CheckpointRequest, 
 
 log = logging.getLogger(__name__)
 
-SERVICE_AWAY_S = 1.0  # a periodic step that failed on etcd or Redis is tried again after this
 
 
 class ShardLostError(MasterError):
@@ -206,7 +205,8 @@ class PserverShard:
                 next_housekeeping = now + self.options.housekeeping_s
             if now >= self._next_checkpoint:
                 done = self._waiting_out(self.checkpoint)
-                self._next_checkpoint = time.monotonic() + (checkpoint_every_s if done else SERVICE_AWAY_S)
+                self._next_checkpoint = own_checkpoint_at(time.monotonic(), checkpoint_every_s,
+                                                          "taken" if done else "failed")
 
     def _waiting_out(self, step: Callable[[], object]) -> bool:
         """Run a periodic step; etcd or Redis away fails it, to be tried again at its next
@@ -332,9 +332,7 @@ class PserverShard:
             self._consume(timeout=0.2)
         self.checkpoint(wanted)
         self.checkpoints.taken(wanted)
-        # The master requests one every `checkpoint_every_s`: this shard takes one of its own
-        # (for its restarts; no rollback target) only when a request is half an interval late.
-        self._next_checkpoint = time.monotonic() + 1.5 * self._checkpoint_every_s
+        self._next_checkpoint = own_checkpoint_at(time.monotonic(), self._checkpoint_every_s, "requested")
 
     def _roll_back(self, request: bytes) -> None:
         """Load checkpoint `to` and skip the gradients committed since (the tasks they came

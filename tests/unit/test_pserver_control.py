@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streamtrain.pserver.control import checkpoint_to_take, fold_ready, rolled_back_id
+from streamtrain.pserver.control import SERVICE_AWAY_S, checkpoint_to_take, fold_ready, own_checkpoint_at, rolled_back_id
 from streamtrain.schemas import CheckpointRequest
 
 OLD, MID, NEW = "00000000000000000100", "00000000000000000200", "00000000000000000300"
@@ -39,3 +39,9 @@ def test_the_ledger_folds_only_once_everything_before_the_log_end_read_is_applie
     assert not fold_ready(None, 100)  # no watermarks read yet
     assert not fold_ready(100, 99)  # a delta before the end still held (the sync barrier)
     assert fold_ready(100, 100) and fold_ready(100, 140)
+
+
+def test_a_shards_own_checkpoint_waits_for_the_masters_requests_and_retries_soon() -> None:
+    assert own_checkpoint_at(100.0, 60.0, "taken") == 160.0
+    assert own_checkpoint_at(100.0, 60.0, "requested") == 190.0  # only when a request is late
+    assert own_checkpoint_at(100.0, 60.0, "failed") == 100.0 + SERVICE_AWAY_S
