@@ -1,7 +1,6 @@
 """What a shard decides about the control plane's requests (schemas/control.py), about its
-own checkpoints and about folding its dedup ledger, as pure functions; pserver/shard.py reads the
-requests and does the
-work."""
+own checkpoints and about folding its dedup ledger, as pure functions; pserver/shard.py reads
+the requests and does the work."""
 
 from __future__ import annotations
 
