@@ -34,6 +34,17 @@ from streamtrain.trainer.metrics import TaskMetrics
 Ending = Literal["done", "lost", "failed"]
 
 
+def one_commit(ends: list[bool]) -> int:
+    """How many of the queued items (`ends`: whether each is a task's end, rather than a push)
+    one commit takes: every push up to and including the first task end, so a task is
+    completed with exactly the groups handed before it, and pushes queued behind an end wait
+    for the next commit."""
+    for i, end in enumerate(ends):
+        if end:
+            return i + 1
+    return len(ends)
+
+
 @dataclass(frozen=True)
 class Ended:
     task: ClaimedTask
@@ -151,13 +162,7 @@ class Committer:
                 self._cond.notify_all()
 
     def _take(self) -> list[_Item]:
-        """Everything queued up to and including the first task end: one commit."""
-        items = []
-        while self._queue:
-            items.append(self._queue.popleft())
-            if items[-1].end is not None:
-                break
-        return items
+        return [self._queue.popleft() for _ in range(one_commit([item.end is not None for item in self._queue]))]
 
     def _commit(self, items: list[_Item]) -> None:
         ending = items[-1].end

@@ -1,4 +1,5 @@
-"""How a task whose training raised ends, and when a trainer heartbeats (`trainer.policy`)."""
+"""How a task whose training raised ends, when a trainer heartbeats (`trainer.policy`), and
+what one commit takes (`trainer.committer.one_commit`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 from streamtrain.infra.schema_registry import RegistryUnavailableError
 from streamtrain.jobstate.errors import CoordinationError, TaskLostError
 from streamtrain.jobstate.paramstore import ParamsUnavailableError
+from streamtrain.trainer.committer import one_commit
 from streamtrain.trainer.delivery import DeliveryError
 from streamtrain.trainer.policy import ETCD_AWAY_S, REGISTRY_AWAY_S, Stopped, TaskEnd, heartbeat_due, task_end
 from streamtrain.trainer.reader import RangeReadError
@@ -33,3 +35,10 @@ def test_an_error_that_is_not_about_the_task_stops_the_trainer() -> None:
 def test_a_task_is_heartbeaten_every_third_of_its_timeout() -> None:
     assert not heartbeat_due(9.9, 30.0)
     assert heartbeat_due(10.1, 30.0)
+
+
+def test_one_commit_takes_the_pushes_up_to_and_including_the_first_task_end() -> None:
+    assert one_commit([False, False, True, False, True]) == 3
+    assert one_commit([True, False]) == 1
+    assert one_commit([False, False]) == 2  # pushes alone: all of them
+    assert one_commit([]) == 0
