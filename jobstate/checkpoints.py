@@ -71,8 +71,19 @@ def restore_batches(keys: EtcdKeys, record: bytes) -> list[list[Op]]:
     """The writes that put the cursors, task queues and job state back as `record` (of
     `job_record`) has them, in transactions of at most MAX_TXN_OPS: clear, then cursors, done,
     failed and state, then the tasks to do in rounds, as the slicer writes them, so that claims
-    keep to the order of the input."""
-    saved = json.loads(record)
+    keep to the order of the input.
+
+    Raises:
+        SchemaError: `record` is not a job record of this version.
+    """
+    try:
+        saved = json.loads(record)
+    except ValueError as exc:
+        raise SchemaError("job record", "$", f"invalid JSON: {exc}") from exc
+    if not isinstance(saved, dict) or saved.get("v") != JOB_RECORD_VERSION:
+        found = saved.get("v") if isinstance(saved, dict) else type(saved).__name__
+        raise SchemaError("job record", "v", f"unknown version {found!r}; this reader understands "
+                                             f"{JOB_RECORD_VERSION}")
     ops = [put_op(keys.cursor(c["topic"], c["partition"]), json.dumps(c).encode()) for c in saved["cursors"]]
     readable: list[TaskRecord] = []
     for t in saved["todo"]:

@@ -163,7 +163,12 @@ class Master:
         if manifest is None:
             log.error("rollback to %s: no job manifest in etcd; ignoring the request", request.to)
             return
-        for ops in restore_batches(self.keys, manifest.value):
+        try:
+            batches = restore_batches(self.keys, manifest.value)
+        except SchemaError as exc:
+            log.error("rollback to %s: %s; ignoring the request", request.to, exc)
+            return
+        for ops in batches:
             self._write(ops)
         self._write([put_op(self.keys.control("rollback"), request.next_phase().to_json())])
         self._observed.clear()
