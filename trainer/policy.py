@@ -9,6 +9,7 @@ from typing import Literal
 from streamtrain.infra.schema_registry import RegistryUnavailableError
 from streamtrain.jobstate.errors import CoordinationError, TaskLostError
 from streamtrain.jobstate.paramstore import ParamsUnavailableError
+from streamtrain.schemas import StreamtrainError
 from streamtrain.trainer.delivery import DeliveryError
 from streamtrain.trainer.reader import RangeReadError
 
@@ -18,7 +19,7 @@ ETCD_AWAY_S = 1.0  # etcd did not answer in time: the next claim waits this long
 Ending = Literal["released", "lost", "failed"]
 
 
-class Stopped(Exception):  # noqa: N818  a signal to unwind, not an error
+class Stopped(StreamtrainError):  # noqa: N818  a signal to unwind, not a failure
     """The trainer was asked to stop in the middle of a task: it gives the task back."""
 
 
