@@ -39,10 +39,7 @@ from dataclasses import replace
 
 from streamtrain.jobstate import queue
 from streamtrain.jobstate.etcd import MAX_TXN_OPS, Etcd, Op, absent, delete_op, delete_prefix_op, put_op, value_is
-from streamtrain.schemas import CheckpointRequest, EtcdKeys, LatestCheckpoint, SchemaError, TaskRecord
-
-JOB_RECORD_VERSION = 1
-
+from streamtrain.schemas import CheckpointRequest, EtcdKeys, JobRecord, LatestCheckpoint, SchemaError, TaskRecord
 
 def new_checkpoint_id() -> str:
     """Ids sort by time: a restarted shard loads the newest."""
@@ -59,46 +56,43 @@ def job_record(etcd: Etcd, keys: EtcdKeys) -> bytes:
     cursors, todo, pending, done, failed, state = etcd.ranges([
         keys.cursors_prefix, keys.tasks("todo"), keys.tasks("pending"), keys.tasks("done"),
         keys.tasks("failed"), keys.state])
-    return json.dumps({
-        "v": JOB_RECORD_VERSION, "cursors": [json.loads(e.value) for e in cursors],
-        "todo": [json.loads(e.value) for e in todo] + [_released(e.value) for e in pending],
-        "done": [json.loads(e.value) for e in done], "failed": [json.loads(e.value) for e in failed],
-        "state": json.loads(state[0].value) if state else None,
-    }).encode()
+    return JobRecord(
+        cursors=tuple(json.loads(e.value) for e in cursors),
+        todo=tuple(json.loads(e.value) for e in todo) + tuple(_released(e.value) for e in pending),
+        done=tuple(json.loads(e.value) for e in done), failed=tuple(json.loads(e.value) for e in failed),
+        state=json.loads(state[0].value) if state else None).to_json()
 
 
 def restore_batches(keys: EtcdKeys, record: bytes) -> list[list[Op]]:
-    """The writes that put the cursors, task queues and job state back as `record` (of
-    `job_record`) has them, in transactions of at most MAX_TXN_OPS: clear, then cursors, done,
+    """The writes that put the cursors, task queues and job state back as `record` (a
+    `JobRecord`) has them, in transactions of at most MAX_TXN_OPS: clear, then cursors, done,
     failed and state, then the tasks to do in rounds, as the slicer writes them, so that claims
     keep to the order of the input.
 
     Raises:
         SchemaError: `record` is not a job record of this version.
     """
-    try:
-        saved = json.loads(record)
-    except ValueError as exc:
-        raise SchemaError("job record", "$", f"invalid JSON: {exc}") from exc
-    if not isinstance(saved, dict) or saved.get("v") != JOB_RECORD_VERSION:
-        found = saved.get("v") if isinstance(saved, dict) else type(saved).__name__
-        raise SchemaError("job record", "v", f"unknown version {found!r}; this reader understands "
-                                             f"{JOB_RECORD_VERSION}")
-    ops = [put_op(keys.cursor(c["topic"], c["partition"]), json.dumps(c).encode()) for c in saved["cursors"]]
+    saved = JobRecord.from_json(record)
+    ops = [put_op(keys.cursor(c["topic"], c["partition"]), _encoded(c)) for c in saved.cursors]
     readable: list[TaskRecord] = []
-    for t in saved["todo"]:
+    for t in saved.todo:
         try:
-            readable.append(TaskRecord.from_json(json.dumps(t)))
+            readable.append(TaskRecord.from_json(_encoded(t)))
         except SchemaError:  # restored as it was saved, and logged wherever it is read
-            ops.append(put_op(keys.task("todo", t["task_id"]), json.dumps(t).encode()))
-    for state in ("done", "failed"):
-        ops += [put_op(keys.task(state, t["task_id"]), json.dumps(t).encode()) for t in saved[state]]
-    if saved.get("state") is not None:
-        ops.append(put_op(keys.state, json.dumps(saved["state"]).encode()))
+            ops.append(put_op(keys.task("todo", t["task_id"]), _encoded(t)))
+    ops += [put_op(keys.task("done", t["task_id"]), _encoded(t)) for t in saved.done]
+    ops += [put_op(keys.task("failed", t["task_id"]), _encoded(t)) for t in saved.failed]
+    if saved.state is not None:
+        ops.append(put_op(keys.state, _encoded(saved.state)))
     todo = [put_op(keys.task("todo", t.task_id), t.to_json()) for round_ in queue.rounds_of(readable) for t in round_]
     clear: list[Op] = [delete_prefix_op(keys.tasks_prefix), delete_prefix_op(keys.cursors_prefix), delete_op(keys.state)]
     return [clear] + [ops[i:i + MAX_TXN_OPS - 1] for i in range(0, len(ops), MAX_TXN_OPS - 1)] \
         + [todo[i:i + MAX_TXN_OPS] for i in range(0, len(todo), MAX_TXN_OPS)]
+
+
+def _encoded(doc: dict) -> bytes:
+    """A document of the record as its key held it (JobRecord keeps them as read)."""
+    return json.dumps(doc).encode()
 
 
 def _released(value: bytes) -> dict:

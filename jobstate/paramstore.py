@@ -30,32 +30,13 @@ import redis
 from streamtrain.jobstate import resp
 from streamtrain.jobstate.rows import initial_rows
 from streamtrain.jobstate.sharding import SlotMap
-from streamtrain.schemas import (AppliedSteps, ParamBlock, PublishedRound, RedisKeys, SchemaError, StreamtrainError,
-                                decode_rows)
+from streamtrain.schemas import (AppliedSteps, FlushMark, ParamBlock, PublishedRound, RedisKeys, SchemaError,
+                                StreamtrainError, decode_rows)
 
 # Rounds kept in a shard's stream (approximately: trimmed a node at a time). A trainer that
 # falls further behind than this drops the shard's rows and reads them again (trainer/replica.py).
 ROUNDS_KEPT = 512
 ROUNDS_FIELD = b"r"
-
-
-@dataclass(frozen=True)
-class Flushed:
-    """The round of a shard's last flush (`RedisKeys.flushed`): its rounds-stream id, and
-    the epoch and number of the round. The row keys hold every row as of that round at least,
-    and the rounds after it are in the stream."""
-
-    at: bytes
-    epoch: int
-    round: int
-
-    def to_bytes(self) -> bytes:
-        return b"%s %d" % (self.at, self.epoch)
-
-    @classmethod
-    def from_bytes(cls, raw: bytes) -> Flushed:
-        at, epoch = raw.split(b" ")
-        return cls(at, int(epoch), int(at.split(b"-")[1]))
 
 
 def stream_id(major: int, round_: int) -> bytes:
@@ -88,7 +69,7 @@ class Pull:
     versions: dict[int, int]  # shard -> version
     applied: dict[int, dict[str, int]]  # shard -> {trainer id: newest step its values include}
     rounds: dict[int, list[Round]]  # shard -> its rounds after the positions asked for, oldest first
-    flushed: dict[int, Flushed | None]  # shard -> its last flush, of the shards whose rounds were read
+    flushed: dict[int, FlushMark | None]  # shard -> its last flush, of the shards whose rounds were read
 
 
 # A rounds-stream entry: its stream id, and the round (None: it did not decode).
@@ -140,7 +121,7 @@ class ParamClient:
         raw = self._redis.mget([self._keys.applied(s) for s in range(self.slot_map.shards)])
         return {s: AppliedSteps.from_json(v).steps if v else {} for s, v in enumerate(raw)}
 
-    def flushed(self, shards: Iterable[int]) -> dict[int, Flushed | None]:
+    def flushed(self, shards: Iterable[int]) -> dict[int, FlushMark | None]:
         """Each shard's last flush (None: it has not published)."""
         shards = list(shards)
         raw = self._redis.mget([self._keys.flushed(s) for s in shards]) if shards else []
@@ -342,12 +323,12 @@ class PendingPull:
             self._pool.release(conn)
 
 
-def _flushed(raw: bytes | None) -> Flushed | None:
+def _flushed(raw: bytes | None) -> FlushMark | None:
     """A flush mark as read; one that does not parse counts as none (the shard's next flush
     writes a good one)."""
     try:
-        return None if raw is None else Flushed.from_bytes(raw)
-    except (ValueError, IndexError):
+        return None if raw is None else FlushMark.from_bytes(raw)
+    except SchemaError:
         return None
 
 

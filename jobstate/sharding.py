@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 from dataclasses import dataclass
 
 import numpy as np
+
+from streamtrain.schemas import SlotOwners
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -100,17 +101,9 @@ class SlotMap:
                 for s, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])) if b > a}
 
     def to_json(self) -> bytes:
-        return json.dumps({"v": 1, "owners": list(self.owners)}, separators=(",", ":")).encode()
+        return SlotOwners(tuple(self.owners)).to_json()
 
     @classmethod
     def from_json(cls, data: bytes | str) -> SlotMap:
-        try:
-            doc = json.loads(data)
-            if doc.get("v") != 1:
-                raise ValueError(f"unknown version {doc.get('v')!r}")
-            owners = doc["owners"]
-            if not isinstance(owners, list) or not all(type(o) is int for o in owners):
-                raise ValueError("owners must be a list of shard indexes")
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"slot map JSON: {exc}") from exc
-        return cls(tuple(owners))
+        """Raises: SchemaError (a ValueError) naming the slot map's field."""
+        return cls(SlotOwners.from_json(data).owners)

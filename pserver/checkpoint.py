@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -27,7 +26,8 @@ from streamtrain.jobstate.optimizers import UpdateRule
 from streamtrain.jobstate.rows import RowTable
 from streamtrain.pserver.dedup import Dedup
 from streamtrain.pserver.state import DenseBlock, ShardState
-from streamtrain.schemas import CheckpointManifest, FileEntry, SchemaError, StreamtrainError
+from streamtrain.schemas import (CheckpointManifest, ExampleCounts, FileEntry, SavedBlock, SavedTable, SchemaError, StateIndex,
+                                 StreamtrainError)
 
 MANIFEST = "MANIFEST.json"
 
@@ -154,52 +154,51 @@ def _load_npy(blob: bytes) -> np.ndarray:
 
 
 def _snapshot(state: ShardState) -> dict[str, bytes]:
-    index = {"v": 1, "tables": {}, "dense": []}
     files: dict[str, bytes] = {}
+    tables, dense_blocks = [], []
     for t, (name, table) in enumerate(sorted(state.tables.items())):
         n = table.size
-        index["tables"][name] = {"dim": table.dim, "file": f"table{t}", "updates": table.updates}
+        tables.append(SavedTable(name, table.dim, f"table{t}", table.updates))
         files[f"table{t}.ids.npy"] = _npy(table.ids[:n])
         files[f"table{t}.values.npy"] = _npy(table.values[:n])
         files[f"table{t}.steps.npy"] = _npy(table.steps[:n])
         for s, arr in table.state.items():
             files[f"table{t}.state.{s}.npy"] = _npy(arr[:n])
     for b, ((param, block), dense) in enumerate(sorted(state.dense.items())):
-        index["dense"].append({"param": param, "block": block, "file": f"dense{b}"})
+        dense_blocks.append(SavedBlock(param, block, f"dense{b}"))
         files[f"dense{b}.values.npy"] = _npy(dense.values)
         files[f"dense{b}.steps.npy"] = _npy(dense.steps)
         for s, arr in dense.state.items():
             files[f"dense{b}.state.{s}.npy"] = _npy(arr)
     files["dedup.json"] = state.dedup.to_json()
-    files["examples.json"] = json.dumps({"tasks": dict(state.examples),
-                                         "partitions": dict(state.examples_folded)}).encode()
-    files["index.json"] = json.dumps(index).encode()
+    files["examples.json"] = ExampleCounts(dict(state.examples), dict(state.examples_folded)).to_json()
+    files["index.json"] = StateIndex(tuple(tables), tuple(dense_blocks)).to_json()
     return files
 
 
 def _restore(blobs: dict[str, bytes], rule: UpdateRule) -> ShardState:
-    index = json.loads(blobs["index.json"])
+    index = StateIndex.from_json(blobs["index.json"])
     state = ShardState(rule)
-    for name, meta in index["tables"].items():
-        f = meta["file"]
+    for meta in index.tables:
+        f = meta.file
         ids = _load_npy(blobs[f"{f}.ids.npy"])
-        table = RowTable(name, meta["dim"], rule.state_names, state.init_scale, capacity=max(len(ids), 16))
+        table = RowTable(meta.name, meta.dim, rule.state_names, state.init_scale, capacity=max(len(ids), 16))
         rows = table.rows_for(ids)  # same ids -> rows 0..n-1 in order
         table.values[rows] = _load_npy(blobs[f"{f}.values.npy"])
         table.steps[rows] = _load_npy(blobs[f"{f}.steps.npy"])
         # Checkpoints from before the table clock: its rows' most updates is the closest bound.
-        table.updates = int(meta.get("updates", table.steps[:len(ids)].max(initial=0)))
+        table.updates = meta.updates if meta.updates is not None else int(table.steps[:len(ids)].max(initial=0))
         for s in rule.state_names:
             table.state[s][rows] = _load_npy(blobs[f"{f}.state.{s}.npy"])
-        state.tables[name] = table
-    for meta in index["dense"]:
-        f = meta["file"]
-        state.dense[(meta["param"], meta["block"])] = DenseBlock(
+        state.tables[meta.name] = table
+    for meta in index.dense:
+        f = meta.file
+        state.dense[(meta.param, meta.block)] = DenseBlock(
             _load_npy(blobs[f"{f}.values.npy"]),
             {s: _load_npy(blobs[f"{f}.state.{s}.npy"]) for s in rule.state_names},
             _load_npy(blobs[f"{f}.steps.npy"]))
     state.dedup = Dedup.from_json(blobs["dedup.json"])
-    examples = json.loads(blobs["examples.json"])
-    state.examples.update(examples["tasks"])
-    state.examples_folded.update(examples["partitions"])
+    examples = ExampleCounts.from_json(blobs["examples.json"])
+    state.examples.update(examples.tasks)
+    state.examples_folded.update(examples.partitions)
     return state

@@ -19,10 +19,9 @@ completes the task, so that is enough: folding earlier could drop a delta still 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
-from streamtrain.schemas import TaskRecord
+from streamtrain.schemas import LedgerEntry, LedgerSnapshot, TaskRecord
 
 Partition = tuple[str, int]
 
@@ -81,19 +80,16 @@ class Dedup:
     def to_json(self) -> bytes:
         """For the checkpoint: replaying the gradient topic from the checkpoint's offsets must
         drop exactly what the shard had dropped."""
-        return json.dumps({"v": 1, "dropped": self.dropped, "partitions": [
-            {"topic": t, "partition": p, "pass_no": l.pass_no, "watermark": l.watermark,
-             "max_seq": [[s, q] for s, q in sorted(l.max_seq.items())]}
-            for (t, p), l in sorted(self._ledgers.items())]}, separators=(",", ":")).encode()
+        return LedgerSnapshot(self.dropped, tuple(
+            LedgerEntry(t, p, l.pass_no, l.watermark, tuple(sorted(l.max_seq.items())))
+            for (t, p), l in sorted(self._ledgers.items()))).to_json()
 
     @classmethod
     def from_json(cls, data: bytes) -> Dedup:
-        doc = json.loads(data)
-        if doc.get("v") != 1:
-            raise ValueError(f"dedup state: unknown version {doc.get('v')!r}")
+        """Raises: SchemaError."""
+        snapshot = LedgerSnapshot.from_json(data)
         dedup = cls()
-        dedup.dropped = int(doc["dropped"])
-        for p in doc["partitions"]:
-            dedup._ledgers[(p["topic"], int(p["partition"]))] = _PartitionLedger(
-                int(p["pass_no"]), int(p["watermark"]), {int(s): int(q) for s, q in p["max_seq"]})
+        dedup.dropped = snapshot.dropped
+        for p in snapshot.partitions:
+            dedup._ledgers[(p.topic, p.partition)] = _PartitionLedger(p.pass_no, p.watermark, dict(p.max_seq))
         return dedup

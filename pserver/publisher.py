@@ -15,9 +15,10 @@ import numpy as np
 import redis
 
 from streamtrain.jobstate import resp
-from streamtrain.jobstate.paramstore import ROUNDS_FIELD, ROUNDS_KEPT, Flushed, stream_id
+from streamtrain.jobstate.paramstore import ROUNDS_FIELD, ROUNDS_KEPT, stream_id
 from streamtrain.pserver.state import Changes, ShardState
-from streamtrain.schemas import AppliedSteps, ParamBlock, PublishedRound, RedisKeys, RoundRows, encode_rows_matrix
+from streamtrain.schemas import (AppliedSteps, FlushMark, ParamBlock, PublishedRound, RedisKeys, RoundRows,
+                                encode_rows_matrix)
 
 _CHUNK = 8192  # keys per MSET: large enough to amortise, small enough not to stall Redis
 # How often the row keys are brought up to date. Longer writes fewer keys (a hot row once per
@@ -154,7 +155,7 @@ class Publisher:
             queued += 1
             if snapshot.flush:
                 self._flush_round = self._round
-                mark = Flushed(stream_id(self._major, self._round), self._epoch, self._round)
+                mark = FlushMark(stream_id(self._major, self._round), self._epoch, self._round)
                 chunks.append(resp.command(b"SET", self._keys.flushed(self.shard).encode(), mark.to_bytes()))
                 queued += 1
             chunks += conn.pack_command("INCR", self._keys.version(self.shard))

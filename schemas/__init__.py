@@ -19,11 +19,12 @@ from .deadletter import DeadLetter
 from .errors import SchemaError, StreamtrainError
 from .example import Example
 from .gradient import DenseSlice, GradientDelta, SparseRows, WireDtype
-from .job import AppliedSteps, BarrierStats, BarrierSteps, Holder, JobState, ShardStats
+from .job import AppliedSteps, BarrierStats, BarrierSteps, Holder, JobState, ShardStats, SlotOwners
 from .keys import CONTROLS, TASK_STATES, EtcdKeys, RedisKeys, Topics, validate_job_name
 from .params import ParamBlock, decode_rows, encode_rows, encode_rows_matrix
 from .report import TaskReport
-from .rounds import PublishedRound, RoundRows
+from .rounds import FlushMark, PublishedRound, RoundRows
+from .saved import ExampleCounts, JobRecord, LedgerEntry, LedgerSnapshot, SavedBlock, SavedTable, StateIndex
 from .task import TaskId, TaskRecord
 
 __all__ = [
@@ -38,11 +39,16 @@ __all__ = [
     "DenseSlice",
     "EtcdKeys",
     "Example",
+    "ExampleCounts",
     "FileEntry",
+    "FlushMark",
     "GradientDelta",
     "Holder",
+    "JobRecord",
     "JobState",
     "LatestCheckpoint",
+    "LedgerEntry",
+    "LedgerSnapshot",
     "ParamBlock",
     "PartitionCursor",
     "PauseRequest",
@@ -51,11 +57,15 @@ __all__ = [
     "RollbackAck",
     "RollbackRequest",
     "RoundRows",
+    "SavedBlock",
+    "SavedTable",
     "SchemaError",
     "ShardCheckpoint",
     "ShardStats",
+    "SlotOwners",
     "StreamtrainError",
     "SparseRows",
+    "StateIndex",
     "TaskId",
     "TaskRecord",
     "TaskReport",

@@ -19,8 +19,10 @@ def dumps(doc: dict[str, Any]) -> bytes:
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
-def loads(check: Check, data: object) -> dict[str, Any]:
-    """Parse one document and check its version; the caller pulls fields with ``field``."""
+def loads(check: Check, data: object, unversioned: bool = False) -> dict[str, Any]:
+    """Parse one document and check its version; the caller pulls fields with ``field``.
+    `unversioned`: a document without "v" is read as version 1 (one written before the format
+    had a version)."""
     if isinstance(data, (bytes, bytearray, memoryview)):
         try:
             data = bytes(data).decode("utf-8")
@@ -40,7 +42,7 @@ def loads(check: Check, data: object) -> dict[str, Any]:
         raise check.error("$", "invalid JSON: nested too deeply") from exc
     if not isinstance(doc, dict):
         raise check.error("$", f"expected a JSON object, got {type(doc).__name__}")
-    version = field(check, doc, "v")
+    version = doc.get("v", 1) if unversioned else field(check, doc, "v")
     if type(version) is not int or version != check.version:
         raise check.error("v", f"unknown version {version!r}; this reader understands {check.version}")
     return doc

@@ -8,6 +8,7 @@ each shard's barrier has got.
 | `BarrierSteps` | Redis `steps:<i>`, and the channel `steps-written:<i>` | shard i's publisher (sync and bounded) | trainers waiting after a push |
 | `AppliedSteps` | Redis `applied:<i>`, in each publish round's transaction with the values | shard i's publisher | trainers, with every pull |
 | `ShardStats` | Redis `stats:<i>`, every housekeeping pass (about a second) | shard i | the live view and `LocalJob.status`, benches, tests |
+| `SlotOwners` | etcd `slots` | the master, once, when the job is first started | every shard and trainer, `predict` (jobstate/sharding.py's `SlotMap`) |
 """
 
 from __future__ import annotations
@@ -229,8 +230,32 @@ class ShardStats:
         return cls(**values)
 
 
+@dataclass(frozen=True)
+class SlotOwners:
+    """The slot map's document: the shard that owns each slot (jobstate/sharding.py hashes
+    rows and dense blocks into slots)."""
+
+    owners: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.owners, (tuple, list)) or not self.owners:
+            raise _slots.error("owners", "expected a non-empty list of shard indexes")
+        for i, owner in enumerate(self.owners):
+            _slots.integer(f"owners[{i}]", owner, hi=U32_MAX)
+
+    def to_json(self) -> bytes:
+        return _json.dumps({"v": VERSION, "owners": list(self.owners)})
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> SlotOwners:
+        """Raises: SchemaError."""
+        doc = _json.loads(_slots, data)
+        return cls(tuple(_json.array(_slots, _json.field(_slots, doc, "owners"), "owners")))
+
+
 _state = Check("JobState", VERSION)
 _holder = Check("Holder", VERSION)
 _steps = Check("BarrierSteps", VERSION)
 _stats = Check("ShardStats", VERSION)
 _applied = Check("AppliedSteps", VERSION)
+_slots = Check("SlotOwners", VERSION)

@@ -223,7 +223,7 @@ class RedisKeys:
 
     def flushed(self, shard: int) -> str:
         """The round of the shard's last flush of its row keys: its stream id in `rounds` and
-        its epoch, ``<id> <epoch>`` (jobstate/paramstore.py, `Flushed`)."""
+        its epoch (`FlushMark`)."""
         return f"{self.prefix}flushed:{_redis_check.integer('shard', shard, hi=U32_MAX)}"
 
     def stats(self, shard: int) -> str:

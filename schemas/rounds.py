@@ -1,4 +1,5 @@
-"""PublishedRound: one publish round of a shard, as appended to its `RedisKeys.rounds` stream."""
+"""PublishedRound: one publish round of a shard, as appended to its `RedisKeys.rounds` stream;
+FlushMark: the round of the shard's last flush of its row keys (`RedisKeys.flushed`)."""
 
 from __future__ import annotations
 
@@ -92,3 +93,33 @@ class PublishedRound:
             rows.append(RoundRows(*r.table_rows(f"rows[{i}]", "<f4")))
         r.finish()
         return cls(epoch, round_no, bool(reset), applied, tuple(rows))
+
+
+_mark = Check("FlushMark", VERSION)
+
+
+@dataclass(frozen=True)
+class FlushMark:
+    """The round of a shard's last flush: its id in the shard's rounds stream (`<ms>-<round>`),
+    and the epoch and number of the round. The row keys hold every row as of that round at
+    least, and the rounds after it are in the stream. Stored as ASCII `1 <id> <epoch>` (the
+    version first), written in the same transaction as the round it names."""
+
+    at: bytes
+    epoch: int
+    round: int
+
+    def to_bytes(self) -> bytes:
+        return b"%d %s %d" % (VERSION, self.at, self.epoch)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> FlushMark:
+        """Raises: SchemaError."""
+        parts = raw.split(b" ")
+        if len(parts) != 3 or parts[0] != b"%d" % VERSION:
+            raise _mark.error("$", f"expected b'{VERSION} <stream id> <epoch>', got {raw[:64]!r}")
+        at, epoch = parts[1], parts[2]
+        ms, _, round_ = at.partition(b"-")
+        if not (ms.isdigit() and round_.isdigit() and epoch.isdigit()):
+            raise _mark.error("$", f"expected b'{VERSION} <ms>-<round> <epoch>', got {raw[:64]!r}")
+        return cls(at, int(epoch), int(round_))

@@ -7,7 +7,7 @@ trainer reads have changed a moment ago. So it follows each shard's rounds strea
 trainer holds every one of them. A pull reads from the keys only rows the copy does not hold.
 
 Why the copy and the keys together are current: the keys are written by a flush every so
-often, which marks its round (`Flushed`); the copy follows each stream from such a mark on,
+often, which marks its round (`FlushMark`); the copy follows each stream from such a mark on,
 so it holds every row changed since, at its newest value. A row it does not hold has not
 changed since the mark, and its key, written by that flush or an earlier one, is its value.
 A pull reads the streams, the marks and the keys it needs in one Redis transaction and
@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from streamtrain.jobstate.paramstore import Flushed, Round
+from streamtrain.jobstate.paramstore import Round
+from streamtrain.schemas import FlushMark
 from streamtrain.jobstate.rows import IdIndex, row_view
 from streamtrain.schemas import PublishedRound
 
@@ -66,7 +67,7 @@ class RowReplica:
         self.max_rows = max(capacity, max_bytes // (4 * max(width, 1)))
         self.after: dict[int, bytes] = {s: START for s in range(shards)}  # stream id read last
         self._positions: dict[int, Position | None] = {s: None for s in range(shards)}
-        self._flushed: dict[int, Flushed | None] = {s: None for s in range(shards)}  # last seen
+        self._flushed: dict[int, FlushMark | None] = {s: None for s in range(shards)}  # last seen
         self.generation = 0  # bumped whenever rows are dropped: slots looked up before are stale
         self.drops = 0
         self.restarts = 0  # times the copy outgrew its budget
@@ -76,7 +77,7 @@ class RowReplica:
     def size(self) -> int:
         return self._size
 
-    def start(self, flushed: dict[int, Flushed | None]) -> None:
+    def start(self, flushed: dict[int, FlushMark | None]) -> None:
         """Follow each shard from its last flush (`ParamClient.flushed`); a shard with none
         yet is started by the first pull that finds one."""
         for shard, mark in flushed.items():
@@ -111,7 +112,7 @@ class RowReplica:
         return slots
 
     # -- rounds ----------------------------------------------------------------------------
-    def apply(self, rounds: dict[int, list[Round]], flushed: dict[int, Flushed | None]
+    def apply(self, rounds: dict[int, list[Round]], flushed: dict[int, FlushMark | None]
               ) -> dict[int, dict[str, int]]:
         """Apply the rounds read after `after` ({shard: entries, oldest first}) with the
         shards' last flushes read at the same instant; returns, per shard that had any, the

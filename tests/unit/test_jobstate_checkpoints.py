@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from streamtrain.jobstate.checkpoints import JOB_RECORD_VERSION, restore_batches
+from streamtrain.jobstate.checkpoints import restore_batches
 from streamtrain.jobstate.etcd import MAX_TXN_OPS
 from streamtrain.schemas import EtcdKeys, JobState, PartitionCursor, SchemaError, TaskRecord
 
@@ -15,7 +15,7 @@ KEYS = EtcdKeys("ctr")
 
 def record(todo: list[TaskRecord], **more) -> bytes:
     cursor = PartitionCursor("clicks", 0, next=3000, trained=1000, origin=0)
-    return json.dumps({"v": JOB_RECORD_VERSION, "cursors": [json.loads(cursor.to_json())],
+    return json.dumps({"v": 1, "cursors": [json.loads(cursor.to_json())],
                        "todo": [json.loads(t.to_json()) for t in todo], "done": [], "failed": [],
                        "state": json.loads(JobState("running").to_json()), **more}).encode()
 
@@ -37,4 +37,4 @@ def test_a_record_is_put_back_after_clearing_the_queues_cursors_and_state() -> N
 def test_a_record_of_another_version_or_none_is_refused_before_anything_is_written(data) -> None:
     with pytest.raises(SchemaError) as caught:
         restore_batches(KEYS, data)
-    assert caught.value.format == "job record"
+    assert caught.value.format == "JobRecord"

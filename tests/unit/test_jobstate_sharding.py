@@ -58,7 +58,7 @@ def test_block_owner_is_deterministic_and_json_round_trips() -> None:
 
 @pytest.mark.parametrize("raw", [b"{}", b'{"v": 2, "owners": [0]}', b'{"v": 1, "owners": "x"}', b"nope"])
 def test_bad_slot_map_json_is_rejected(raw: bytes) -> None:
-    with pytest.raises(ValueError, match="slot map"):
+    with pytest.raises(ValueError, match="SlotOwners"):
         SlotMap.from_json(raw)
 
 

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from streamtrain.jobstate.optimizers import SGD
-from streamtrain.jobstate.paramstore import Flushed, stream_id
+from streamtrain.jobstate.paramstore import stream_id
+from streamtrain.schemas import FlushMark
 from streamtrain.pserver.publisher import FLUSH_EVERY_S, FLUSH_MAX_ROUNDS, FLUSH_MAX_ROWS, Publisher, flush_due
 from streamtrain.pserver.state import Changes, ShardState
 from streamtrain.schemas import GradientDelta, SparseRows, TaskRecord
@@ -23,9 +24,9 @@ def test_a_flush_is_due_when_rows_have_waited_long_enough_or_pile_up(since_s, di
 
 
 def test_a_flush_mark_names_its_round_by_stream_id_and_epoch() -> None:
-    mark = Flushed(stream_id(1795416671754, 37), 2**63 + 5, 37)
+    mark = FlushMark(stream_id(1795416671754, 37), 2**63 + 5, 37)
     assert mark.at == b"1795416671754-37"
-    assert Flushed.from_bytes(mark.to_bytes()) == mark
+    assert FlushMark.from_bytes(mark.to_bytes()) == mark
 
 
 def train(state: ShardState, seq: int, ids) -> Changes:

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from streamtrain.schemas import AppliedSteps, BarrierStats, BarrierSteps, Holder, JobState, SchemaError, ShardStats
+from streamtrain.schemas import (AppliedSteps, BarrierStats, BarrierSteps, Holder, JobState, SchemaError, ShardStats,
+                                SlotOwners)
 
 DOCUMENTS = [
     JobState("finished", 12.5),
@@ -18,6 +19,7 @@ DOCUMENTS = [
     BarrierSteps(4, {"t-0": 3, "t-1": -1}),
     AppliedSteps(),
     AppliedSteps({"t-0": 12, "t-1": 0}),
+    SlotOwners((0, 1, 0, 1)),
 ]
 
 
@@ -44,6 +46,9 @@ def test_only_a_finished_job_says_so() -> None:
     (BarrierSteps, {"v": 1, "trainers": {}}, "next"),
     (AppliedSteps, {"v": 1, "steps": {"t-0": -1}}, "steps.t-0"),
     (AppliedSteps, {"v": 1}, "steps"),
+    (SlotOwners, {"v": 1, "owners": "x"}, "owners"),
+    (SlotOwners, {"v": 1, "owners": [0, -1]}, "owners[1]"),
+    (SlotOwners, {"v": 1, "owners": []}, "owners"),
 ])
 def test_a_malformed_document_names_its_format_and_field(cls, doc, field) -> None:
     with pytest.raises(SchemaError) as caught:

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamtrain.schemas import PublishedRound, RoundRows, SchemaError
+from streamtrain.schemas import FlushMark, PublishedRound, RoundRows, SchemaError
 
 
 def a_round(**overrides) -> PublishedRound:
@@ -57,3 +57,14 @@ def test_arbitrary_bytes_decode_as_a_round_or_raise_only_schema_error(data) -> N
         PublishedRound.from_bytes(b"SR\x01" + data)
     except SchemaError:
         pass
+
+
+def test_a_flush_mark_round_trips_with_its_version_first() -> None:
+    mark = FlushMark(b"1795416671754-37", 2**63 + 5, 37)
+    assert mark.to_bytes().startswith(b"1 ") and FlushMark.from_bytes(mark.to_bytes()) == mark
+
+
+@pytest.mark.parametrize("raw", [b"1795416671754-37 5", b"2 1795416671754-37 5", b"1 x-37 5", b"1 17-37 -5", b""])
+def test_a_flush_mark_that_does_not_parse_names_its_format(raw: bytes) -> None:
+    with pytest.raises(SchemaError, match="FlushMark"):
+        FlushMark.from_bytes(raw)

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from streamtrain.jobstate.paramstore import Flushed
+from streamtrain.schemas import FlushMark
 from streamtrain.schemas import PublishedRound, RoundRows
 from streamtrain.trainer.replica import START, Position, RowReplica, follows
 
@@ -19,8 +19,8 @@ def entry(epoch: int, round_no: int, ids=(), value: float = 0.0, reset: bool = F
     return PublishedRound(epoch, round_no, reset, applied or {}, parts)
 
 
-def mark(at: bytes, epoch: int) -> Flushed:
-    return Flushed(at, epoch, int(at.split(b"-")[1]))
+def mark(at: bytes, epoch: int) -> FlushMark:
+    return FlushMark(at, epoch, int(at.split(b"-")[1]))
 
 
 def held(replica: RowReplica, ids) -> np.ndarray:
