@@ -8,7 +8,8 @@ deltas in the same total order (one partition per shard topic) through the same 
 
 The parts: reading the gradient topic (gradlog.py), the state and its update rule (state.py),
 the sync barrier (barrier.py), publishing to Redis (publishing.py, publisher.py), checkpoints
-(checkpoint.py, and keeper.py registers them in etcd) and the decisions about control requests
+(checkpoint.py, and keeper.py registers them in etcd), the control plane's requests
+(controller.py) and the decisions about them and about when each periodic step is due
 (control.py); this module runs them.
 One thread does everything that changes the state (consume, apply, checkpoint, roll back), so
 a checkpoint is always of a state that applied exactly the deltas before its saved offset; the
@@ -30,7 +31,6 @@ import redis
 
 from streamtrain.infra import Endpoints
 from streamtrain.infra.clients import redis_client
-from streamtrain.jobstate.checkpoints import new_checkpoint_id
 from streamtrain.jobstate.config import JobConfig
 from streamtrain.jobstate.errors import CoordinationError, MasterError
 from streamtrain.jobstate.etcd import Etcd
@@ -40,14 +40,14 @@ from streamtrain.jobstate.optimizers import make_rule
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.pserver.barrier import StepBarrier
 from streamtrain.pserver.checkpoint import CheckpointStore
-from streamtrain.pserver.control import fold_ready, own_checkpoint_at, rolled_back_id
+from streamtrain.pserver.control import Schedule, fold_ready
+from streamtrain.pserver.controller import ShardController
 from streamtrain.pserver.gradlog import GradientLog
 from streamtrain.pserver.keeper import CheckpointKeeper
 from streamtrain.pserver.publisher import Publisher
 from streamtrain.pserver.publishing import BackgroundPublisher
 from streamtrain.pserver.state import BadDeltaError, ShardState
-from streamtrain.schemas import (BarrierStats, BarrierSteps, CheckpointRequest, EtcdKeys, GradientDelta, PartitionCursor,
-                                RedisKeys, RollbackAck, RollbackRequest, SchemaError, ShardStats)
+from streamtrain.schemas import BarrierStats, BarrierSteps, EtcdKeys, GradientDelta, PartitionCursor, RedisKeys, ShardStats
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +94,6 @@ class PserverShard:
         self.state: ShardState | None = None
         self.serving = False
         self.lock = threading.Lock()  # held while applying and while the publisher copies
-        self._checkpoint_every_s = 0.0
-        self._next_checkpoint = float("inf")  # this shard's own next checkpoint (monotonic)
         self._fold: tuple[dict, int] | None = None  # watermarks read, LSO to pass before folding
         self.fold_checks = 0  # times the shard looked at whether it could fold
 
@@ -135,6 +133,7 @@ class PserverShard:
                                      config.pservers.keep_checkpoints)
         self.checkpoints = CheckpointKeeper(self.store, self.etcd, self.keys, index, self.slot_map.slots_of(index),
                                             self.metrics.checkpoint_seconds)
+        self.controller = ShardController(self.etcd, self.keys, index, self.store, self.checkpoints, self)
         restored = self.store.load_latest(rule)
         resume = 0
         if restored is None:
@@ -184,29 +183,23 @@ class PserverShard:
                  self.grads.next_offset, time.monotonic() - started)
 
     def _loop(self, stop: threading.Event, checkpoint_every_s: float) -> None:
-        now = time.monotonic()
-        next_housekeeping = now
-        next_fold = now + self.options.fold_interval_s
-        self._checkpoint_every_s = checkpoint_every_s
-        self._next_checkpoint = now + checkpoint_every_s
+        self.schedule = Schedule.starting(time.monotonic(), self.options.fold_interval_s,
+                                          self.options.housekeeping_s, checkpoint_every_s)
         while not stop.is_set():
             if self.lease.lost.is_set():
                 raise ShardLostError(f"shard {self.index}: lease lost; stopping so a restart recovers")
             if self.publishing.error is not None:
                 raise self.publishing.error
             self._consume(timeout=0.05)
-            now = time.monotonic()
-            if now >= next_fold:
-                self._waiting_out(self._fold_dedup)
-                next_fold = now + self.options.fold_interval_s
-            if now >= next_housekeeping:
-                self._release()
-                self._waiting_out(self._housekeeping)
-                next_housekeeping = now + self.options.housekeeping_s
-            if now >= self._next_checkpoint:
-                done = self._waiting_out(self.checkpoint)
-                self._next_checkpoint = own_checkpoint_at(time.monotonic(), checkpoint_every_s,
-                                                          "taken" if done else "failed")
+            for step in self.schedule.due(time.monotonic()):
+                if step == "fold":
+                    ok = self._waiting_out(self._fold_dedup)
+                elif step == "housekeeping":
+                    self._release()
+                    ok = self._waiting_out(self._housekeeping)
+                else:
+                    ok = self._waiting_out(self.checkpoint)
+                self.schedule.done(step, time.monotonic(), ok)
 
     def _waiting_out(self, step: Callable[[], object]) -> bool:
         """Run a periodic step; etcd or Redis away fails it, to be tried again at its next
@@ -260,7 +253,8 @@ class PserverShard:
 
     # -- serving -------------------------------------------------------------------------
     def _housekeeping(self) -> None:
-        self._control()
+        if self.controller.poll() == "checkpoint":
+            self.schedule.requested(time.monotonic())
         stats = self.stats()
         self.metrics.observe_stats(stats)
         self.redis.set(self.redis_keys.stats(self.index), stats.to_json())
@@ -306,68 +300,22 @@ class PserverShard:
         resume = self.barrier.applied_below(self.grads.next_offset)
         return self.checkpoints.take(self.state, {self.grads.topic: resume}, checkpoint_id, keep_also)
 
-    def _control(self) -> None:
-        """Requests through etcd: `control/checkpoint` ({"id": ...}, taken once) and
-        `control/rollback` ({"to": ..., "phase": "shards"}, done once)."""
-        checkpoint, rollback = self.etcd.ranges([self.keys.control("checkpoint"), self.keys.control("rollback")])
-        if rollback:
-            # No checkpoint meanwhile: one requested before the rollback pairs its job record
-            # with parameters of the abandoned timeline (the request is withdrawn anyway).
-            self._roll_back(rollback[0].value)
-            return
-        if not checkpoint:
-            return
-        try:
-            request = CheckpointRequest.from_json(checkpoint[0].value)
-        except SchemaError as exc:
-            log.warning("shard %d: ignoring %s", self.index, exc)
-            return
-        wanted = self.checkpoints.wanted(request)
-        if wanted is None:
-            return
-        # Everything written before the request is seen: that is every delta of every task
-        # the checkpoint's job record calls done (jobstate/checkpoints.py).
+    def catch_up(self) -> None:
+        """Apply every delta written before now (a requested checkpoint must hold them)."""
         end = self.grads.log_end()
         while self.grads.next_offset < end:
             self._consume(timeout=0.2)
-        self.checkpoint(wanted)
-        self.checkpoints.taken(wanted)
-        self._next_checkpoint = own_checkpoint_at(time.monotonic(), self._checkpoint_every_s, "requested")
 
-    def _roll_back(self, request: bytes) -> None:
-        """Load checkpoint `to` and skip the gradients committed since (the tasks they came
-        from are requeued by the master and trained again), then republish: rows this shard
-        created after the checkpoint are deleted from Redis, the rest overwritten.
-
-        Durable before acknowledged: the checkpoints newer than `to` are retired, and the
-        rolled-back state is checkpointed at the offset the skipping starts from, so a restart
-        loads it rather than the abandoned timeline, and does not replay the abandoned deltas
-        either. A shard that dies before acknowledging rolls back again when it is back (the
-        trainers stay paused until every shard has acknowledged, so the log end is the same)."""
-        try:
-            doc = RollbackRequest.from_json(request)
-        except SchemaError as exc:
-            log.warning("shard %d: ignoring %s", self.index, exc)
-            return
-        if doc.phase != "shards":
-            return
-        to, ack = doc.to, self.keys.checkpoint_rolled_back(doc.to, self.index)
-        if self.etcd.get(ack) is not None:
-            return
-        restored = self.store.load(to, self.state.rule)
-        end = self.grads.log_end()  # every gradient written before the request is from before
+    def adopt(self, state: ShardState) -> int:
+        """Serve `state` (a rolled-back one) from now on: republished in place of the current
+        one (rows it lacks deleted from Redis), the barrier and a pending fold forgotten, and
+        every gradient written so far skipped. Returns the offset the skipping ends at."""
+        end = self.grads.log_end()  # every gradient written before the rollback request is from before
         with self.publishing.round_lock, self.lock:
-            self.publishing.unpublish_missing(self.state, restored.state)
-            self.state = self.publishing.state = restored.state
+            self.publishing.unpublish_missing(self.state, state)
+            self.state = self.publishing.state = state
             self.publishing.republish()
         self.barrier = StepBarrier(sync=self.barrier.sync)
         self._fold = None  # watermarks read before the rollback would drop the replayed tasks
         self.grads.seek(end)
-        retired = self.store.retire_after(to)
-        # Never pruning `to`, which checkpoints/latest may not name yet.
-        self.checkpoint(rolled_back_id(to, new_checkpoint_id()), keep_also=(to,))
-        log.info("shard %d: retired %d checkpoints newer than %s", self.index, len(retired), to)
-        self.etcd.put(ack, RollbackAck(self.index, end, time.time()).to_json())
-        log.warning("shard %d: rolled back to checkpoint %s; gradients before offset %d skipped",
-                    self.index, to, end)
-
+        return end

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from streamtrain.pserver.control import SERVICE_AWAY_S, checkpoint_to_take, fold_ready, own_checkpoint_at, rolled_back_id
+from streamtrain.pserver.control import (SERVICE_AWAY_S, Schedule, checkpoint_to_take, fold_ready, own_checkpoint_at,
+                                          rolled_back_id)
 from streamtrain.schemas import CheckpointRequest
 
 OLD, MID, NEW = "00000000000000000100", "00000000000000000200", "00000000000000000300"
@@ -45,3 +46,27 @@ def test_a_shards_own_checkpoint_waits_for_the_masters_requests_and_retries_soon
     assert own_checkpoint_at(100.0, 60.0, "taken") == 160.0
     assert own_checkpoint_at(100.0, 60.0, "requested") == 190.0  # only when a request is late
     assert own_checkpoint_at(100.0, 60.0, "failed") == 100.0 + SERVICE_AWAY_S
+
+
+def test_housekeeping_is_due_at_once_the_other_steps_after_their_interval() -> None:
+    schedule = Schedule.starting(100.0, fold_every_s=2.0, housekeeping_every_s=1.0, checkpoint_every_s=60.0)
+    assert schedule.due(100.0) == ["housekeeping"]
+    schedule.done("housekeeping", 100.0, ok=True)
+    assert schedule.due(100.5) == []
+    assert schedule.due(102.0) == ["fold", "housekeeping"]
+    assert schedule.due(160.0) == ["fold", "housekeeping", "checkpoint"]
+
+
+def test_a_failed_step_is_tried_again_at_its_next_turn_a_checkpoint_soon() -> None:
+    schedule = Schedule.starting(0.0, fold_every_s=2.0, housekeeping_every_s=1.0, checkpoint_every_s=60.0)
+    schedule.done("fold", 2.0, ok=False)
+    schedule.done("checkpoint", 60.0, ok=False)
+    assert (schedule.next_fold, schedule.next_checkpoint) == (4.0, 60.0 + SERVICE_AWAY_S)
+    schedule.done("checkpoint", 61.0, ok=True)
+    assert schedule.next_checkpoint == 121.0
+
+
+def test_a_request_taken_puts_the_shards_own_checkpoint_off_by_half_an_interval() -> None:
+    schedule = Schedule.starting(0.0, fold_every_s=2.0, housekeeping_every_s=1.0, checkpoint_every_s=60.0)
+    schedule.requested(50.0)
+    assert schedule.due(100.0) == ["fold", "housekeeping"] and schedule.due(140.0)[-1] == "checkpoint"
