@@ -72,12 +72,21 @@ ETCD_RETRY_S = 1.0
 
 def etcd_client(endpoints: Endpoints, timeout: float = 10.0):
     import pyetcd
+    from pyetcd.client import Endpoint, MultiEndpointEtcd3Client
 
-    host, port = endpoints.etcd_host_port
-    client = pyetcd.client(host=host, port=port, timeout=timeout)
-    # After any failed call pyetcd refuses every call for `time_retry` (300 s by default):
-    # an etcd restarted in seconds stopped the whole job for five minutes. gRPC reconnects on
-    # its own; a second is enough not to hammer an etcd that is down.
+    members = endpoints.etcd_members
+    if len(members) == 1:
+        (host, port), = members
+        client = pyetcd.client(host=host, port=port, timeout=timeout)
+    else:
+        # A call that fails on one member marks it failed and raises; the caller's retry goes
+        # to the next member not marked (a cluster's members all serve reads and writes).
+        client = MultiEndpointEtcd3Client(
+            endpoints=[Endpoint(host, port, secure=False) for host, port in members],
+            timeout=timeout, failover=True)
+    # After any failed call pyetcd refuses every call to that member for `time_retry` (300 s
+    # by default): an etcd restarted in seconds stopped the whole job for five minutes. gRPC
+    # reconnects on its own; a second is enough not to hammer a member that is down.
     for endpoint in client.endpoints.values():
         endpoint.time_retry = ETCD_RETRY_S
     return client

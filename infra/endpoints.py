@@ -68,7 +68,8 @@ class Ports:
 
 @dataclass(frozen=True)
 class Endpoints:
-    """Client addresses: Kafka bootstrap servers, etcd host:port, Redis URL, and the URL of
+    """Client addresses: Kafka bootstrap servers, etcd host:port (or several, comma-separated:
+    the members of a cluster, which clients fail over between), Redis URL, and the URL of
     Confluent's API on a schema registry (used by jobs of Avro records that name none)."""
 
     kafka: str
@@ -78,9 +79,17 @@ class Endpoints:
     external: frozenset[str] = frozenset()
 
     @property
-    def etcd_host_port(self) -> tuple[str, int]:
-        host, _, port = self.etcd.rpartition(":")
-        return host or "127.0.0.1", int(port)
+    def etcd_members(self) -> list[tuple[str, int]]:
+        """Each etcd endpoint as (host, port), in the order given.
+
+        Raises: ValueError naming the endpoint without a port."""
+        members = []
+        for item in self.etcd.split(","):
+            host, _, port = item.strip().rpartition(":")
+            if not port.isdigit():
+                raise ValueError(f"etcd endpoint {item.strip()!r} in {self.etcd!r}: expected host:port")
+            members.append((host or "127.0.0.1", int(port)))
+        return members
 
     @classmethod
     def local(cls, ports: Ports) -> Endpoints:
@@ -102,7 +111,7 @@ class Endpoints:
         """`local`, with each service named by its environment variable replaced (external)."""
         env = {
             "kafka": os.environ.get(ENV_KAFKA),
-            "etcd": _strip_scheme(os.environ.get(ENV_ETCD, "")),
+            "etcd": ",".join(_strip_scheme(url) for url in os.environ.get(ENV_ETCD, "").split(",") if url.strip()),
             "redis": os.environ.get(ENV_REDIS),
             "registry": os.environ.get(ENV_REGISTRY),
         }
@@ -124,7 +133,7 @@ class Endpoints:
 
 def _strip_scheme(url: str) -> str:
     # etcd users habitually write http://host:port; the gRPC client wants host:port.
-    return url.split("://", 1)[-1].split(",", 1)[0].rstrip("/")
+    return url.strip().split("://", 1)[-1].rstrip("/")
 
 
 def recorded_ports(home: Path) -> Ports | None:

@@ -91,3 +91,32 @@ def test_redis_pipeline_round_trip(redis_conn, unique) -> None:
         pipe.execute()
     values = redis_conn.mget([f"{prefix}:{i}" for i in range(100)])
     assert [int.from_bytes(v, "little") for v in values] == list(range(100))
+
+
+def test_an_etcd_client_of_several_members_fails_over_past_one_that_is_down(services: Endpoints, unique) -> None:
+    import socket
+    from dataclasses import replace
+
+    from streamtrain.jobstate.errors import CoordinationError
+    from streamtrain.jobstate.etcd import Etcd
+
+    with socket.socket() as s:  # a port nothing listens on: a member that is down
+        s.bind(("127.0.0.1", 0))
+        down = s.getsockname()[1]
+    etcd = Etcd.connect(replace(services, etcd=f"127.0.0.1:{down},{services.etcd}"), timeout=2)
+    key = unique("/failover/")
+
+    def put(value: bytes) -> bool:
+        try:
+            etcd.put(key, value)
+            return True
+        except CoordinationError:  # the member that is down, if it was tried first: marked failed
+            return False
+
+    try:
+        assert put(b"0") or put(b"0")
+        for i in range(1, 20):  # the live member serves from then on
+            assert put(str(i).encode())
+        assert etcd.get(key).value == b"19"
+    finally:
+        etcd.close()

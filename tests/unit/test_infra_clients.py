@@ -40,3 +40,20 @@ def test_the_job_file_names_the_replication_and_refuses_one_that_acknowledges_no
         JobConfig.from_toml(base + "[kafka]\nreplication_factor = 2\nmin_insync_replicas = 3\n")
     with pytest.raises(JobConfigError, match="kafka.replication_factor"):
         JobConfig.from_toml(base + "[kafka]\nreplication_factor = -1\n")
+
+
+def test_several_etcd_endpoints_are_read_each_without_its_scheme(monkeypatch) -> None:
+    from streamtrain.infra import Endpoints
+    from streamtrain.infra.endpoints import ENV_ETCD, Ports
+
+    monkeypatch.setenv(ENV_ETCD, "http://etcd-0:2379, etcd-1:2379/,https://etcd-2:2380")
+    endpoints = Endpoints.overlay_env(Endpoints.local(Ports.default()))
+    assert endpoints.etcd == "etcd-0:2379,etcd-1:2379,etcd-2:2380" and "etcd" in endpoints.external
+    assert endpoints.etcd_members == [("etcd-0", 2379), ("etcd-1", 2379), ("etcd-2", 2380)]
+
+
+def test_an_etcd_endpoint_without_a_port_is_named() -> None:
+    from streamtrain.infra import Endpoints
+
+    with pytest.raises(ValueError, match="'etcd-1'"):
+        Endpoints("k:9092", "etcd-0:2379,etcd-1", "redis://r:6379/0").etcd_members
