@@ -72,24 +72,42 @@ ETCD_RETRY_S = 1.0
 
 def etcd_client(endpoints: Endpoints, timeout: float = 10.0):
     import pyetcd
-    from pyetcd.client import Endpoint, MultiEndpointEtcd3Client
 
     members = endpoints.etcd_members
     if len(members) == 1:
         (host, port), = members
         client = pyetcd.client(host=host, port=port, timeout=timeout)
     else:
-        # A call that fails on one member marks it failed and raises; the caller's retry goes
-        # to the next member not marked (a cluster's members all serve reads and writes).
-        client = MultiEndpointEtcd3Client(
-            endpoints=[Endpoint(host, port, secure=False) for host, port in members],
-            timeout=timeout, failover=True)
+        client = _failover_client(members, timeout)
     # After any failed call pyetcd refuses every call to that member for `time_retry` (300 s
     # by default): an etcd restarted in seconds stopped the whole job for five minutes. gRPC
     # reconnects on its own; a second is enough not to hammer a member that is down.
     for endpoint in client.endpoints.values():
         endpoint.time_retry = ETCD_RETRY_S
     return client
+
+
+def _failover_client(members: list[tuple[str, int]], timeout: float):
+    """A client of a cluster's members: a call that fails on one member marks it failed and
+    raises; the caller's retry goes to the next member (all of them serve reads and writes)."""
+    from pyetcd.client import Endpoint, MultiEndpointEtcd3Client
+
+    class RoundRobin(MultiEndpointEtcd3Client):
+        # pyetcd moves off a member only while it is marked failed: a caller retrying after
+        # `time_retry` or later (a job monitor polling each second) went back to the dead
+        # member every time and never reached the live ones. So the next call goes to the
+        # next member at once.
+        def _manage_grpc_errors(self, exc):
+            failed = self._current_endpoint_label
+            try:
+                super()._manage_grpc_errors(exc)
+            finally:
+                if self.endpoints[failed].is_failed():
+                    labels = list(self.endpoints)
+                    self._current_endpoint_label = labels[(labels.index(failed) + 1) % len(labels)]
+
+    return RoundRobin(endpoints=[Endpoint(host, port, secure=False) for host, port in members],
+                      timeout=timeout, failover=True)
 
 
 def redis_client(endpoints: Endpoints):

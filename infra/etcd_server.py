@@ -1,4 +1,5 @@
-"""etcd 3.4 from Debian's `etcd-server`, a single member on loopback ports of our choosing."""
+"""etcd 3.4 from Debian's `etcd-server` on loopback ports of our choosing: a single member, or
+one member of a local cluster (`cluster`: every member's name and peer port)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,13 @@ _INSTALL = "apt-get install -y etcd-server etcd-client"
 class EtcdServer(ServerProcess):
     name = "etcd"
 
-    def __init__(self, data_dir: Path, port: int, peer_port: int) -> None:
+    def __init__(self, data_dir: Path, port: int, peer_port: int, member: str = "streamtrain",
+                 cluster: dict[str, int] | None = None) -> None:
         super().__init__(data_dir)
         self.port = port
         self.peer_port = peer_port
+        self.member = member
+        self.cluster = cluster or {member: peer_port}
 
     @property
     def ports(self) -> tuple[int, ...]:
@@ -34,13 +38,13 @@ class EtcdServer(ServerProcess):
         peer = f"http://127.0.0.1:{self.peer_port}"
         return [
             etcd,
-            "--name", "streamtrain",
+            "--name", self.member,
             "--data-dir", str(self.data_dir / "member-data"),
             "--listen-client-urls", client,
             "--advertise-client-urls", client,
             "--listen-peer-urls", peer,
             "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"streamtrain={peer}",
+            "--initial-cluster", ",".join(f"{name}=http://127.0.0.1:{port}" for name, port in self.cluster.items()),
             "--initial-cluster-state", "new",
             # An endless stream rewrites task keys forever; without compaction the revision
             # history (and the database) would grow without bound.
@@ -51,6 +55,15 @@ class EtcdServer(ServerProcess):
 
     def healthy(self) -> bool:
         return health_ok(self.address)
+
+
+def is_leader(address: str, timeout: float = 2.0) -> bool:
+    """Whether the member at `address` leads its cluster now (its `etcd_server_is_leader`)."""
+    try:
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=timeout) as resp:
+            return b"\netcd_server_is_leader 1" in resp.read()
+    except (OSError, urllib.error.URLError):
+        return False
 
 
 def health_ok(address: str, timeout: float = 2.0) -> bool:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from streamtrain.infra import Endpoints
 from streamtrain.infra.endpoints import state_home
 from streamtrain.jobstate.config import JobConfig
+from streamtrain.jobstate.errors import CoordinationError
 from streamtrain.schemas import StreamtrainError
 from streamtrain.supervisor import Supervisor, pid_alive
 
@@ -193,11 +194,15 @@ class LocalJob:
         `stop` was set first."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         stop = stop or threading.Event()
-        while self.state() != "finished":
+        while True:
+            try:
+                if self.state() == "finished":
+                    return True
+            except CoordinationError:
+                pass  # etcd away or electing a leader: the job's processes ride it out, so do we
             left = poll_s if deadline is None else min(poll_s, deadline - time.monotonic())
             if left <= 0 or stop.wait(left):
                 return False
-        return True
 
     def checkpoint(self, wait_s: float = 60.0) -> Checkpoint:
         """A job-wide checkpoint, taken while the trainers train (`streamtrain checkpoint`)."""

@@ -57,3 +57,23 @@ def test_an_etcd_endpoint_without_a_port_is_named() -> None:
 
     with pytest.raises(ValueError, match="'etcd-1'"):
         Endpoints("k:9092", "etcd-0:2379,etcd-1", "redis://r:6379/0").etcd_members
+
+
+def test_a_failed_etcd_member_is_left_for_the_next_even_after_its_retry_interval() -> None:
+    from pyetcd import exceptions as etcd_exc
+
+    from streamtrain.infra import Endpoints
+    from streamtrain.infra.clients import etcd_client
+
+    # Nothing listens on these ports: every call fails at once with UNAVAILABLE.
+    client = etcd_client(Endpoints("k:9092", "127.0.0.1:9,127.0.0.1:11,127.0.0.1:13", "redis://r:6379/0"),
+                         timeout=2.0)
+    tried = []
+    for _ in range(3):
+        tried.append(client._current_endpoint_label)
+        with pytest.raises(etcd_exc.ConnectionFailedError):
+            client.get("/k")
+        for endpoint in client.endpoints.values():
+            endpoint.last_failed = 0  # its retry interval passed, as for a caller polling slowly
+    assert sorted(tried) == ["127.0.0.1:11", "127.0.0.1:13", "127.0.0.1:9"]
+    client.close()

@@ -1,0 +1,68 @@
+"""A job on a 3-member etcd cluster whose leader is SIGKILLed mid-job: the job's clients fail
+over to the other members, leases and the master's lock hold through the election, and by
+ledger nothing is lost or applied twice."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import wait_for
+from test_trainer import MODEL, applied_exactly, make_job, write_examples
+
+from streamtrain import JobConfig, LocalJob
+from streamtrain.infra.etcd_server import EtcdServer, is_leader
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+@pytest.fixture
+def etcd_cluster(tmp_path: Path) -> Iterator[list[EtcdServer]]:
+    ports = free_ports(6)
+    cluster = {f"m{i}": ports[2 * i + 1] for i in range(3)}
+    members = [EtcdServer(tmp_path / f"etcd{i}", ports[2 * i], ports[2 * i + 1], f"m{i}", cluster) for i in range(3)]
+    try:
+        # Together: a member is healthy only once a quorum is up.
+        with ThreadPoolExecutor(3) as pool:
+            list(pool.map(lambda m: m.start(), members))
+        yield members
+    finally:
+        for m in members:
+            m.stop()
+
+
+def test_a_job_goes_on_through_the_etcd_leaders_death(services, etcd_cluster, redis_conn, topic_factory,
+                                                      unique, tmp_path) -> None:
+    topic = topic_factory("etcdleader", partitions=2)
+    written = write_examples(services, topic, [e.to_json() for e in MODEL.examples(40_000)], 2)
+    config = JobConfig.from_json(make_job(unique("etcdleader"), topic, tmp_path, max_records=500).to_json())
+    endpoints = replace(services, etcd=",".join(m.address for m in etcd_cluster))
+
+    with LocalJob(config, trainers=2, endpoints=endpoints, log_dir=tmp_path / "logs") as job:
+        wait_for(lambda: job.status().examples > 0, 60, "training under way")
+        leader = next(m for m in etcd_cluster if is_leader(m.address))
+        os.kill(leader.pid(), signal.SIGKILL)
+        assert job.wait_finished(timeout_s=180), job.events()
+        wait_for(lambda: applied_exactly(redis_conn, config.name, written, topic), 30, "every example applied once")
+        wait_for(lambda: job.status().examples == sum(written.values()), 30, "each task's metrics once")
+
+    result = job.result
+    assert result is not None and result.state == "finished", result
+    assert result.tasks.get("todo") == 0 and result.tasks.get("pending") == 0, result.tasks
