@@ -4,6 +4,7 @@ always, a schema registry when asked (for topics of Avro records).
 Layout of the state dir (`STREAMTRAIN_HOME`, or a temp dir in tests):
     services.json   the ports chosen by the last `up`
     kafka/ etcd/ redis/ registry/   each service's data, config, log and pid file
+    etcd-1/ etcd-2/ ...             the other members of an etcd of several
 A service whose environment variable names an external cluster is not started here; it is
 only probed.
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from streamtrain.infra.endpoints import Endpoints, Ports, record_ports, recorded_ports
+from streamtrain.infra.errors import InfraError
 from streamtrain.infra.etcd_server import EtcdServer, health_ok
 from streamtrain.infra.kafka_broker import KafkaBroker, ensure_kafka_jars, metadata_ok
 from streamtrain.infra.process import ServerProcess
@@ -48,7 +50,7 @@ class LocalServices:
         self.endpoints = Endpoints.overlay_env(Endpoints.local(self.ports))
         self.servers: dict[str, ServerProcess] = {
             "kafka": KafkaBroker(home / "kafka", self.ports.kafka, self.ports.kafka_controller),
-            "etcd": EtcdServer(home / "etcd", self.ports.etcd, self.ports.etcd_peer),
+            **etcd_members(home, self.ports),
             "redis": RedisServer(home / "redis", self.ports.redis),
             "registry": SchemaRegistryServer(home / "registry", self.ports.registry),
         }
@@ -59,42 +61,75 @@ class LocalServices:
         named by its environment variable."""
         optional = [n for n in OPTIONAL
                     if self.with_registry or n in self.endpoints.external or self.servers[n].pid() is not None]
-        return [*SERVICES, *optional]
+        more_etcd = [] if "etcd" in self.endpoints.external else [
+            f"etcd-{i}" for i in range(1, len(self.ports.etcd_members))]
+        return [*SERVICES, *more_etcd, *optional]
 
-    def managed(self) -> list[ServerProcess]:
-        return [self.servers[name] for name in self.names() if name not in self.endpoints.external]
+    def managed(self) -> dict[str, ServerProcess]:
+        """The services started here, by name: those no environment variable names."""
+        return {name: self.servers[name] for name in self.names() if _kind(name) not in self.endpoints.external}
 
     def up(self) -> dict[str, float | None]:
         """Start every managed service not already running. Returns seconds-to-ready per
         service started (None for one that was already up). Idempotent."""
+        self._check_etcd_members()
         record_ports(self.home, self.ports)
         managed = self.managed()
         # Before the clock starts: resolving is not starting.
-        if any(s.name == "kafka" for s in managed):
+        if "kafka" in managed:
             ensure_kafka_jars()
-        if any(s.name == "registry" for s in managed):
+        if "registry" in managed:
             ensure_registry_dist()
+        # Together: an etcd member is healthy only once a quorum of them is up.
         with ThreadPoolExecutor(max_workers=len(managed) or 1) as pool:
-            futures = {s.name: pool.submit(s.start) for s in managed}
+            futures = {name: pool.submit(s.start) for name, s in managed.items()}
             return {name: f.result() for name, f in futures.items()}
+
+    def _check_etcd_members(self) -> None:
+        """etcd keeps its members in its data: a data dir made for another number of them
+        would start as the old cluster, and new members could never join it."""
+        recorded = recorded_ports(self.home)
+        had = len(recorded.etcd_members) if recorded else 1
+        wanted = len(self.ports.etcd_members)
+        if had != wanted and "etcd" not in self.endpoints.external and (self.home / "etcd" / "member-data").exists():
+            raise InfraError(f"the local etcd in {self.home / 'etcd'} has {had} member(s), not {wanted}: "
+                             f"`streamtrain down`, then remove {self.home}/etcd* to start it anew")
 
     def down(self) -> list[str]:
         """Stop every managed service; returns the names of those that were running."""
         servers = list(self.servers.values())
         with ThreadPoolExecutor(max_workers=len(servers)) as pool:
             stopped = dict(zip(self.servers, pool.map(lambda s: s.stop(), servers)))
-        return [name for name, was in stopped.items() if was and name not in self.endpoints.external]
+        return [name for name, was in stopped.items() if was and _kind(name) not in self.endpoints.external]
 
     def status(self) -> list[ServiceStatus]:
         probes = {"kafka": metadata_ok, "etcd": health_ok, "redis": ping_ok, "registry": subjects_ok}
         addresses = self.endpoints.as_dict()
 
         def one(name: str) -> ServiceStatus:
-            external = name in self.endpoints.external
+            kind = _kind(name)
+            external = kind in self.endpoints.external
             pid = None if external else self.servers[name].pid()
-            healthy = (external or pid is not None) and probes[name](addresses[name])
-            return ServiceStatus(name, addresses[name], bool(healthy), pid, external)
+            # A local etcd's members each by its own address; an external one as named.
+            address = self.servers[name].address if kind == "etcd" and not external else addresses[kind]
+            healthy = (external or pid is not None) and probes[kind](address)
+            return ServiceStatus(name, address, bool(healthy), pid, external)
 
         names = self.names()
         with ThreadPoolExecutor(max_workers=len(names)) as pool:
             return list(pool.map(one, names))
+
+
+def _kind(name: str) -> str:
+    return name.split("-")[0]  # etcd-1: a member of the local etcd
+
+
+def etcd_members(home: Path, ports: Ports) -> dict[str, EtcdServer]:
+    """The local etcd: one member as "etcd" (named `streamtrain`, as it always was), or that
+    one and the others as "etcd-1", "etcd-2", ..., started as one cluster."""
+    members = ports.etcd_members
+    names = ["streamtrain", *(f"streamtrain-{i}" for i in range(1, len(members)))]
+    cluster = {name: peer for name, (_, peer) in zip(names, members)}
+    return {("etcd" if i == 0 else f"etcd-{i}"): EtcdServer(home / ("etcd" if i == 0 else f"etcd-{i}"), client, peer,
+                                                           names[i], cluster)
+            for i, (client, peer) in enumerate(members)}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 ENV_KAFKA = "STREAMTRAIN_KAFKA"
@@ -34,7 +34,8 @@ def state_home() -> Path:
 @dataclass(frozen=True)
 class Ports:
     """Loopback ports of the local services; six consecutive ports from a base by default
-    (the schema registry's is used only when one is started)."""
+    (the schema registry's is used only when one is started). An etcd of several members has
+    the others' (client, peer) ports in `etcd_more`."""
 
     kafka: int
     kafka_controller: int
@@ -42,6 +43,22 @@ class Ports:
     etcd_peer: int
     redis: int
     registry: int
+    etcd_more: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def etcd_members(self) -> list[tuple[int, int]]:
+        """Every etcd member's (client, peer) ports, the first member's first."""
+        return [(self.etcd, self.etcd_peer), *self.etcd_more]
+
+    def with_etcd_members(self, count: int) -> Ports:
+        """These ports with `count` etcd members: kept as they are if it has that many, else
+        the others ten ports apart above the first's (BASE+12/13, BASE+22/23, ...)."""
+        if not 1 <= count <= 9:
+            raise ValueError(f"an etcd of {count} members: 1 to 9 are supported")
+        if len(self.etcd_members) == count:
+            return self
+        more = tuple((self.etcd + 10 * i, self.etcd_peer + 10 * i) for i in range(1, count))
+        return replace(self, etcd_more=more)
 
     @classmethod
     def from_base(cls, base: int) -> Ports:
@@ -50,13 +67,15 @@ class Ports:
         return cls(base, base + 1, base + 2, base + 3, base + 4, base + 5)
 
     @classmethod
-    def free(cls) -> Ports:
-        """Six currently free ports, for tests that must not collide with anything."""
-        socks = [socket.socket() for _ in range(6)]
+    def free(cls, etcd_members: int = 1) -> Ports:
+        """Currently free ports, for tests that must not collide with anything."""
+        socks = [socket.socket() for _ in range(6 + 2 * (etcd_members - 1))]
         try:
             for s in socks:
                 s.bind(("127.0.0.1", 0))
-            return cls(*(s.getsockname()[1] for s in socks))
+            found = [s.getsockname()[1] for s in socks]
+            more = tuple(zip(found[6::2], found[7::2]))
+            return cls(*found[:6], etcd_more=more)
         finally:
             for s in socks:
                 s.close()
@@ -95,7 +114,7 @@ class Endpoints:
     def local(cls, ports: Ports) -> Endpoints:
         return cls(
             kafka=f"127.0.0.1:{ports.kafka}",
-            etcd=f"127.0.0.1:{ports.etcd}",
+            etcd=",".join(f"127.0.0.1:{client}" for client, _ in ports.etcd_members),
             redis=f"redis://127.0.0.1:{ports.redis}/0",
             registry=f"http://127.0.0.1:{ports.registry}/apis/ccompat/v7",
         )
@@ -142,6 +161,7 @@ def recorded_ports(home: Path) -> Ports | None:
         return None
     ports = json.loads(path.read_text())["ports"]
     ports.setdefault("registry", ports["redis"] + 1)  # recorded before the registry had a port
+    ports["etcd_more"] = tuple(tuple(pair) for pair in ports.get("etcd_more", ()))
     return Ports(**ports)
 
 

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from streamtrain.infra import Endpoints, InfraError, LocalServices, Ports
-from streamtrain.infra.endpoints import state_home
+from streamtrain.infra.endpoints import recorded_ports, state_home
 from streamtrain.infra.signals import stop_on_signals
 
 if TYPE_CHECKING:
@@ -39,9 +39,13 @@ HomeOpt = Annotated[
 ]
 
 
-def _services(home: Path | None, port_base: int | None = None, registry: bool = False) -> LocalServices:
+def _services(home: Path | None, port_base: int | None = None, registry: bool = False,
+              etcd_members: int | None = None) -> LocalServices:
+    home = home or state_home()
     ports = Ports.from_base(port_base) if port_base is not None else None
-    return LocalServices(home or state_home(), ports, registry=registry)
+    if etcd_members is not None:
+        ports = (ports or recorded_ports(home) or Ports.default()).with_etcd_members(etcd_members)
+    return LocalServices(home, ports, registry=registry)
 
 
 @app.command()
@@ -53,10 +57,16 @@ def up(
         show_default=False)] = None,
     registry: Annotated[bool, typer.Option(
         "--registry", help="Also start a schema registry (Confluent's API, for Avro topics).")] = False,
+    etcd_members: Annotated[Optional[int], typer.Option(
+        "--etcd-members", help="Run etcd as a cluster of this many members (the others on BASE+12/13, "
+        "BASE+22/23, ...) [default: as the last `up`, else 1].", show_default=False)] = None,
 ) -> None:
     """Start local Kafka, etcd and Redis (those not already running), and a schema registry
     when asked; wait until healthy."""
-    services = _services(home, port_base, registry)
+    try:
+        services = _services(home, port_base, registry, etcd_members)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--etcd-members") from exc
     try:
         started = services.up()
     except InfraError as exc:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -17,27 +16,19 @@ from conftest import wait_for
 from test_trainer import MODEL, applied_exactly, make_job, write_examples
 
 from streamtrain import JobConfig, LocalJob
+from streamtrain.infra import InfraError, LocalServices, Ports
+from streamtrain.infra.clients import etcd_client
+from streamtrain.infra.cluster import etcd_members
+from streamtrain.infra.endpoints import ENV_KAFKA, ENV_REDIS
 from streamtrain.infra.etcd_server import EtcdServer, is_leader
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 
-def free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 @pytest.fixture
 def etcd_cluster(tmp_path: Path) -> Iterator[list[EtcdServer]]:
-    ports = free_ports(6)
-    cluster = {f"m{i}": ports[2 * i + 1] for i in range(3)}
-    members = [EtcdServer(tmp_path / f"etcd{i}", ports[2 * i], ports[2 * i + 1], f"m{i}", cluster) for i in range(3)]
+    """Three members as `streamtrain up --etcd-members 3` makes them, on free ports."""
+    members = list(etcd_members(tmp_path, Ports.free(etcd_members=3)).values())
     try:
         # Together: a member is healthy only once a quorum is up.
         with ThreadPoolExecutor(3) as pool:
@@ -77,3 +68,24 @@ def test_a_job_goes_on_through_the_etcd_leaders_death(services, etcd_cluster, re
 
 def read(path: Path) -> str:
     return path.read_text() if path.exists() else ""
+
+
+def test_up_starts_an_etcd_of_three_members_and_keeps_to_it(services, tmp_path, monkeypatch) -> None:
+    # Kafka and Redis named as external: only etcd is started here.
+    monkeypatch.setenv(ENV_KAFKA, services.kafka)
+    monkeypatch.setenv(ENV_REDIS, services.redis)
+    local = LocalServices(tmp_path, Ports.free(etcd_members=3))
+    try:
+        local.up()
+        statuses = {s.name: s for s in local.status()}
+        assert [n for n in statuses if n.startswith("etcd")] == ["etcd", "etcd-1", "etcd-2"]
+        assert all(s.healthy and not s.external for n, s in statuses.items() if n.startswith("etcd")), statuses
+        assert local.endpoints.etcd == ",".join(statuses[n].address for n in ("etcd", "etcd-1", "etcd-2"))
+        client = etcd_client(local.endpoints)
+        client.put("/smoke", b"1")
+        assert client.get("/smoke")[0] == b"1"
+        client.close()
+    finally:
+        local.down()
+    with pytest.raises(InfraError, match="has 3 member"):
+        LocalServices(tmp_path, Ports.free()).up()

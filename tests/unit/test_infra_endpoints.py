@@ -1,0 +1,36 @@
+"""Local services' ports and the endpoints they make (`infra.endpoints`), an etcd of several
+members included."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamtrain.infra.endpoints import Endpoints, Ports, record_ports, recorded_ports
+
+
+def test_an_etcd_of_three_members_takes_ports_ten_apart_and_is_one_endpoint_list() -> None:
+    ports = Ports.from_base(19092).with_etcd_members(3)
+    assert ports.etcd_members == [(19094, 19095), (19104, 19105), (19114, 19115)]
+    assert Endpoints.local(ports).etcd == "127.0.0.1:19094,127.0.0.1:19104,127.0.0.1:19114"
+    assert ports.with_etcd_members(3) is ports
+    assert ports.with_etcd_members(1) == Ports.from_base(19092)
+    assert Endpoints.local(Ports.from_base(19092)).etcd == "127.0.0.1:19094"
+
+
+def test_the_members_are_recorded_with_the_ports(tmp_path) -> None:
+    ports = Ports.free(etcd_members=3)
+    assert len(set(p for pair in ports.etcd_members for p in pair)) == 6
+    record_ports(tmp_path, ports)
+    assert recorded_ports(tmp_path) == ports
+
+
+def test_ports_recorded_before_etcd_had_members_read_as_one(tmp_path) -> None:
+    (tmp_path / "services.json").write_text(
+        '{"ports": {"kafka": 1, "kafka_controller": 2, "etcd": 3, "etcd_peer": 4, "redis": 5}}')
+    assert recorded_ports(tmp_path).etcd_members == [(3, 4)]
+
+
+@pytest.mark.parametrize("count", [0, 10])
+def test_an_etcd_size_out_of_range_is_refused(count) -> None:
+    with pytest.raises(ValueError, match=f"an etcd of {count} members"):
+        Ports.from_base(19092).with_etcd_members(count)
