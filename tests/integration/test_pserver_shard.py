@@ -74,8 +74,11 @@ def stats(redis_conn, job: str, shard: int = 0) -> dict:
 
 
 def caught_up(services, redis_conn, job: str) -> bool:
+    """Read to the stable end, and everything applied in the row keys `params` reads (they lag
+    the publish rounds by a flush)."""
     s, topic = stats(redis_conn, job), Topics(job).grad(0)
-    return bool(s) and s["serving"] and s["offset"] >= stable_ends(services, topic, 1)[(topic, 0)]
+    return (bool(s) and s["serving"] and s.get("settled", False)
+            and s["offset"] >= stable_ends(services, topic, 1)[(topic, 0)])
 
 
 def params(redis_conn, job: str) -> tuple[np.ndarray, dict]:
@@ -249,6 +252,7 @@ def test_a_task_redone_behind_a_dead_trainers_open_transaction_is_not_folded_awa
         wait_for(lambda: (s := stats(redis_conn, job))["deltas"] + s["dropped"] >= len(rescued), 30,
                  "rescued deltas consumed")
         wait_for(lambda: stats(redis_conn, job).get("dedup_entries") == 0, 30, "the task folded")
+        wait_for(lambda: stats(redis_conn, job).get("settled"), 30, "the rows in their keys")
         s = stats(redis_conn, job)
         assert s["examples_by_partition"] == {"input:0": 30}, s
         assert s["dropped"] == 0, s
