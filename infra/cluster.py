@@ -130,6 +130,8 @@ def etcd_members(home: Path, ports: Ports) -> dict[str, EtcdServer]:
     members = ports.etcd_members
     names = ["streamtrain", *(f"streamtrain-{i}" for i in range(1, len(members)))]
     cluster = {name: peer for name, (_, peer) in zip(names, members)}
-    return {("etcd" if i == 0 else f"etcd-{i}"): EtcdServer(home / ("etcd" if i == 0 else f"etcd-{i}"), client, peer,
-                                                           names[i], cluster)
-            for i, (client, peer) in enumerate(members)}
+    servers = {}
+    for i, (client, peer) in enumerate(members):
+        key = "etcd" if i == 0 else f"etcd-{i}"
+        servers[key] = EtcdServer(home / key, client, peer, names[i], cluster)
+    return servers
