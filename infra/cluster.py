@@ -4,6 +4,7 @@ always, a schema registry when asked (for topics of Avro records).
 Layout of the state dir (`STREAMTRAIN_HOME`, or a temp dir in tests):
     services.json   the ports chosen by the last `up`
     kafka/ etcd/ redis/ registry/   each service's data, config, log and pid file
+    kafka-1/ kafka-2/ ...           the other brokers of a Kafka of several
     etcd-1/ etcd-2/ ...             the other members of an etcd of several
 A service whose environment variable names an external cluster is not started here; it is
 only probed.
@@ -49,7 +50,7 @@ class LocalServices:
         self.ports = ports or recorded_ports(home) or Ports.default()
         self.endpoints = Endpoints.overlay_env(Endpoints.local(self.ports))
         self.servers: dict[str, ServerProcess] = {
-            "kafka": KafkaBroker(home / "kafka", self.ports.kafka, self.ports.kafka_controller),
+            **kafka_brokers(home, self.ports),
             **etcd_members(home, self.ports),
             "redis": RedisServer(home / "redis", self.ports.redis),
             "registry": SchemaRegistryServer(home / "registry", self.ports.registry),
@@ -61,9 +62,10 @@ class LocalServices:
         named by its environment variable."""
         optional = [n for n in OPTIONAL
                     if self.with_registry or n in self.endpoints.external or self.servers[n].pid() is not None]
-        more_etcd = [] if "etcd" in self.endpoints.external else [
-            f"etcd-{i}" for i in range(1, len(self.ports.etcd_members))]
-        return [*SERVICES, *more_etcd, *optional]
+        more = {"kafka": len(self.ports.kafka_brokers), "etcd": len(self.ports.etcd_members)}
+        nodes = [f"{kind}-{i}" for kind, count in more.items() if kind not in self.endpoints.external
+                 for i in range(1, count)]
+        return [*SERVICES, *nodes, *optional]
 
     def managed(self) -> dict[str, ServerProcess]:
         """The services started here, by name: those no environment variable names."""
@@ -72,7 +74,7 @@ class LocalServices:
     def up(self) -> dict[str, float | None]:
         """Start every managed service not already running. Returns seconds-to-ready per
         service started (None for one that was already up). Idempotent."""
-        self._check_etcd_members()
+        self._check_nodes()
         record_ports(self.home, self.ports)
         managed = self.managed()
         # Before the clock starts: resolving is not starting.
@@ -85,15 +87,17 @@ class LocalServices:
             futures = {name: pool.submit(s.start) for name, s in managed.items()}
             return {name: f.result() for name, f in futures.items()}
 
-    def _check_etcd_members(self) -> None:
-        """etcd keeps its members in its data: a data dir made for another number of them
-        would start as the old cluster, and new members could never join it."""
-        recorded = recorded_ports(self.home)
-        had = len(recorded.etcd_members) if recorded else 1
-        wanted = len(self.ports.etcd_members)
-        if had != wanted and "etcd" not in self.endpoints.external and (self.home / "etcd" / "member-data").exists():
-            raise InfraError(f"the local etcd in {self.home / 'etcd'} has {had} member(s), not {wanted}: "
-                             f"`streamtrain down`, then remove {self.home}/etcd* to start it anew")
+    def _check_nodes(self) -> None:
+        """etcd keeps its members in its data, and Kafka's nodes their controller quorum: a
+        data dir made for another number of them would start as the old cluster, which new
+        nodes could never join."""
+        recorded = recorded_ports(self.home) or Ports.default()
+        for kind, nodes, data in (("etcd", lambda p: p.etcd_members, "member-data"),
+                                  ("kafka", lambda p: p.kafka_brokers, "logs/meta.properties")):
+            had, wanted = len(nodes(recorded)), len(nodes(self.ports))
+            if had != wanted and kind not in self.endpoints.external and (self.home / kind / data).exists():
+                raise InfraError(f"the local {kind} in {self.home / kind} has {had} node(s), not {wanted}: "
+                                 f"`streamtrain down`, then remove {self.home}/{kind}* to start it anew")
 
     def down(self) -> list[str]:
         """Stop every managed service; returns the names of those that were running."""
@@ -110,8 +114,8 @@ class LocalServices:
             kind = _kind(name)
             external = kind in self.endpoints.external
             pid = None if external else self.servers[name].pid()
-            # A local etcd's members each by its own address; an external one as named.
-            address = self.servers[name].address if kind == "etcd" and not external else addresses[kind]
+            # A local cluster's nodes each by its own address; an external one as named.
+            address = self.servers[name].address if kind in ("kafka", "etcd") and not external else addresses[kind]
             healthy = (external or pid is not None) and probes[kind](address)
             return ServiceStatus(name, address, bool(healthy), pid, external)
 
@@ -122,6 +126,19 @@ class LocalServices:
 
 def _kind(name: str) -> str:
     return name.split("-")[0]  # etcd-1: a member of the local etcd
+
+
+def kafka_brokers(home: Path, ports: Ports) -> dict[str, KafkaBroker]:
+    """The local Kafka: one node as "kafka", or that one and the others as "kafka-1",
+    "kafka-2", ..., node ids 1, 2, 3, ..., all voters of one controller quorum."""
+    brokers = ports.kafka_brokers
+    voters = {i + 1: controller for i, (_, controller) in enumerate(brokers)}
+    servers = {}
+    for i, (client, controller) in enumerate(brokers):
+        key = "kafka" if i == 0 else f"kafka-{i}"
+        servers[key] = KafkaBroker(home / key, client, controller, i + 1, voters,
+                                   home / "kafka" / "cluster.id")
+    return servers
 
 
 def etcd_members(home: Path, ports: Ports) -> dict[str, EtcdServer]:

@@ -35,7 +35,8 @@ def state_home() -> Path:
 class Ports:
     """Loopback ports of the local services; six consecutive ports from a base by default
     (the schema registry's is used only when one is started). An etcd of several members has
-    the others' (client, peer) ports in `etcd_more`."""
+    the others' (client, peer) ports in `etcd_more`; a Kafka of several brokers the others'
+    (client, controller) ports in `kafka_more`."""
 
     kafka: int
     kafka_controller: int
@@ -44,11 +45,17 @@ class Ports:
     redis: int
     registry: int
     etcd_more: tuple[tuple[int, int], ...] = ()
+    kafka_more: tuple[tuple[int, int], ...] = ()
 
     @property
     def etcd_members(self) -> list[tuple[int, int]]:
         """Every etcd member's (client, peer) ports, the first member's first."""
         return [(self.etcd, self.etcd_peer), *self.etcd_more]
+
+    @property
+    def kafka_brokers(self) -> list[tuple[int, int]]:
+        """Every Kafka broker's (client, controller) ports, the first broker's first."""
+        return [(self.kafka, self.kafka_controller), *self.kafka_more]
 
     def with_etcd_members(self, count: int) -> Ports:
         """These ports with `count` etcd members: kept as they are if it has that many, else
@@ -57,8 +64,16 @@ class Ports:
             raise ValueError(f"an etcd of {count} members: 1 to 9 are supported")
         if len(self.etcd_members) == count:
             return self
-        more = tuple((self.etcd + 10 * i, self.etcd_peer + 10 * i) for i in range(1, count))
-        return replace(self, etcd_more=more)
+        return replace(self, etcd_more=_ten_apart(self.etcd, self.etcd_peer, count))
+
+    def with_kafka_brokers(self, count: int) -> Ports:
+        """These ports with `count` Kafka brokers: kept as they are if it has that many, else
+        the others ten ports apart above the first's (BASE+10/11, BASE+20/21, ...)."""
+        if not 1 <= count <= 9:
+            raise ValueError(f"a Kafka of {count} brokers: 1 to 9 are supported")
+        if len(self.kafka_brokers) == count:
+            return self
+        return replace(self, kafka_more=_ten_apart(self.kafka, self.kafka_controller, count))
 
     @classmethod
     def from_base(cls, base: int) -> Ports:
@@ -67,15 +82,16 @@ class Ports:
         return cls(base, base + 1, base + 2, base + 3, base + 4, base + 5)
 
     @classmethod
-    def free(cls, etcd_members: int = 1) -> Ports:
+    def free(cls, etcd_members: int = 1, kafka_brokers: int = 1) -> Ports:
         """Currently free ports, for tests that must not collide with anything."""
-        socks = [socket.socket() for _ in range(6 + 2 * (etcd_members - 1))]
+        socks = [socket.socket() for _ in range(6 + 2 * (etcd_members - 1) + 2 * (kafka_brokers - 1))]
         try:
             for s in socks:
                 s.bind(("127.0.0.1", 0))
             found = [s.getsockname()[1] for s in socks]
-            more = tuple(zip(found[6::2], found[7::2]))
-            return cls(*found[:6], etcd_more=more)
+            pairs = list(zip(found[6::2], found[7::2]))
+            return cls(*found[:6], etcd_more=tuple(pairs[:etcd_members - 1]),
+                       kafka_more=tuple(pairs[etcd_members - 1:]))
         finally:
             for s in socks:
                 s.close()
@@ -113,7 +129,7 @@ class Endpoints:
     @classmethod
     def local(cls, ports: Ports) -> Endpoints:
         return cls(
-            kafka=f"127.0.0.1:{ports.kafka}",
+            kafka=",".join(f"127.0.0.1:{client}" for client, _ in ports.kafka_brokers),
             etcd=",".join(f"127.0.0.1:{client}" for client, _ in ports.etcd_members),
             redis=f"redis://127.0.0.1:{ports.redis}/0",
             registry=f"http://127.0.0.1:{ports.registry}/apis/ccompat/v7",
@@ -150,6 +166,10 @@ class Endpoints:
         return {"kafka": self.kafka, "etcd": self.etcd, "redis": self.redis, "registry": self.registry}
 
 
+def _ten_apart(client: int, other: int, count: int) -> tuple[tuple[int, int], ...]:
+    return tuple((client + 10 * i, other + 10 * i) for i in range(1, count))
+
+
 def _strip_scheme(url: str) -> str:
     # etcd users habitually write http://host:port; the gRPC client wants host:port.
     return url.strip().split("://", 1)[-1].rstrip("/")
@@ -161,7 +181,8 @@ def recorded_ports(home: Path) -> Ports | None:
         return None
     ports = json.loads(path.read_text())["ports"]
     ports.setdefault("registry", ports["redis"] + 1)  # recorded before the registry had a port
-    ports["etcd_more"] = tuple(tuple(pair) for pair in ports.get("etcd_more", ()))
+    for more in ("etcd_more", "kafka_more"):
+        ports[more] = tuple(tuple(pair) for pair in ports.get(more, ()))
     return Ports(**ports)
 
 

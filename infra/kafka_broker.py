@@ -1,4 +1,9 @@
-"""Apache Kafka 4.x in KRaft mode, one combined broker+controller node, jars from Maven Central.
+"""Apache Kafka 4.x in KRaft mode, combined broker+controller nodes, jars from Maven Central.
+
+One node, or several started as one cluster: each is a voter of the controller quorum (static
+voters, so nothing needs bootstrapping and a restart finds the quorum as it was), and the
+internal topics (consumer offsets, transaction state) are replicated like the job's own
+(`infra.clients.replication`), so one node killed loses no transaction state.
 
 Maven resolves `org.apache.kafka:kafka_2.13` (see pom.xml beside this file) into a cache dir
 keyed by the pom's hash, so bumping the version in the pom is all an upgrade takes and nothing
@@ -8,15 +13,18 @@ its logs from that dir, topics and messages intact.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
 import os
 import shutil
 import socket
 import subprocess
+import uuid
 from importlib.resources import files
 from pathlib import Path
 
+from streamtrain.infra.clients import replication
 from streamtrain.infra.errors import ServiceStartError
 from streamtrain.infra.process import ServerProcess, require
 
@@ -95,12 +103,21 @@ logger.started.level = INFO
 
 
 class KafkaBroker(ServerProcess):
+    """One node. `node_id` and `voters` (every node's id → controller port, this one's
+    included): its place in a cluster; by default a cluster of one. `cluster_id_file`: where
+    the nodes of one cluster find the id they all format their storage with (one node: in
+    its own data dir)."""
+
     name = "kafka"
 
-    def __init__(self, data_dir: Path, port: int, controller_port: int) -> None:
+    def __init__(self, data_dir: Path, port: int, controller_port: int, node_id: int = 1,
+                 voters: dict[int, int] | None = None, cluster_id_file: Path | None = None) -> None:
         super().__init__(data_dir)
         self.port = port
         self.controller_port = controller_port
+        self.node_id = node_id
+        self.voters = voters or {node_id: controller_port}
+        self.cluster_id_file = cluster_id_file or data_dir / "cluster.id"
         self.properties = data_dir / "server.properties"
         self.log4j = data_dir / "log4j2.properties"
         self.log_dir = data_dir / "logs"
@@ -125,23 +142,21 @@ class KafkaBroker(ServerProcess):
         self.log4j.write_text(_LOG4J.format(log=self.data_dir / "server.log"))
         if (self.log_dir / "meta.properties").exists():
             return
-        java = self._java()
-        cluster_id = subprocess.run(
-            [*java, STORAGE_TOOL, "random-uuid"], capture_output=True, text=True, check=True,
-        ).stdout.strip().splitlines()[-1]
         result = subprocess.run(
-            [*java, STORAGE_TOOL, "format", "-t", cluster_id, "-c", str(self.properties)],
+            [*self._java(), STORAGE_TOOL, "format", "-t", shared_cluster_id(self.cluster_id_file),
+             "-c", str(self.properties)],
             capture_output=True, text=True, check=False,
         )
         if result.returncode != 0:
             raise ServiceStartError(f"formatting Kafka storage failed:\n{result.stdout}{result.stderr}")
 
     def _server_properties(self) -> str:
+        factor, min_insync = replication(len(self.voters), 0, 0)
         settings = {
             "process.roles": "broker,controller",
-            "node.id": "1",
+            "node.id": str(self.node_id),
             # A static voter set needs no --standalone bootstrap and survives restarts as is.
-            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "controller.quorum.voters": ",".join(f"{n}@127.0.0.1:{p}" for n, p in sorted(self.voters.items())),
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
             "controller.listener.names": "CONTROLLER",
@@ -149,12 +164,12 @@ class KafkaBroker(ServerProcess):
             "inter.broker.listener.name": "PLAINTEXT",
             "log.dirs": str(self.log_dir),
             "num.partitions": "1",
-            # One node: every internal topic must make do with one replica.
-            "offsets.topic.replication.factor": "1",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
+            # The internal topics as replicated as the job's (one node: one replica).
+            "offsets.topic.replication.factor": str(factor),
+            "transaction.state.log.replication.factor": str(factor),
+            "transaction.state.log.min.isr": str(min_insync),
+            "share.coordinator.state.topic.replication.factor": str(factor),
+            "share.coordinator.state.topic.min.isr": str(min_insync),
             # Fewer internal partitions make the first group/transaction on a fresh broker fast.
             "offsets.topic.num.partitions": "4",
             "transaction.state.log.num.partitions": "4",
@@ -188,6 +203,24 @@ class KafkaBroker(ServerProcess):
         except OSError:
             return False
         return metadata_ok(self.address)
+
+
+def shared_cluster_id(path: Path) -> str:
+    """The cluster id in `path`, written there first if no node has yet: the nodes of a
+    cluster are prepared at once, and the first to link its id in place wins."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Kafka's own form: a random UUID in URL-safe base64 without padding.
+        new = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        staged = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex}")
+        staged.write_text(new + "\n")
+        try:
+            os.link(staged, path)  # atomic, and refused if another node's id is there
+        except FileExistsError:
+            pass
+        finally:
+            staged.unlink()
+    return path.read_text().strip()
 
 
 _quiet = logging.getLogger("streamtrain.infra.kafka-probe")

@@ -40,11 +40,21 @@ HomeOpt = Annotated[
 
 
 def _services(home: Path | None, port_base: int | None = None, registry: bool = False,
-              etcd_members: int | None = None) -> LocalServices:
+              etcd_members: int | None = None, kafka_brokers: int | None = None) -> LocalServices:
     home = home or state_home()
     ports = Ports.from_base(port_base) if port_base is not None else None
-    if etcd_members is not None:
-        ports = (ports or recorded_ports(home) or Ports.default()).with_etcd_members(etcd_members)
+    if etcd_members is not None or kafka_brokers is not None:
+        ports = ports or recorded_ports(home) or Ports.default()
+    try:
+        if etcd_members is not None:
+            ports = ports.with_etcd_members(etcd_members)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--etcd-members") from exc
+    try:
+        if kafka_brokers is not None:
+            ports = ports.with_kafka_brokers(kafka_brokers)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--kafka-brokers") from exc
     return LocalServices(home, ports, registry=registry)
 
 
@@ -60,13 +70,13 @@ def up(
     etcd_members: Annotated[Optional[int], typer.Option(
         "--etcd-members", help="Run etcd as a cluster of this many members (the others on BASE+12/13, "
         "BASE+22/23, ...) [default: as the last `up`, else 1].", show_default=False)] = None,
+    kafka_brokers: Annotated[Optional[int], typer.Option(
+        "--kafka-brokers", help="Run Kafka as a cluster of this many brokers (the others on BASE+10/11, "
+        "BASE+20/21, ...) [default: as the last `up`, else 1].", show_default=False)] = None,
 ) -> None:
     """Start local Kafka, etcd and Redis (those not already running), and a schema registry
     when asked; wait until healthy."""
-    try:
-        services = _services(home, port_base, registry, etcd_members)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--etcd-members") from exc
+    services = _services(home, port_base, registry, etcd_members, kafka_brokers)
     try:
         started = services.up()
     except InfraError as exc:

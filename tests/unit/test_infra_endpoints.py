@@ -34,3 +34,27 @@ def test_ports_recorded_before_etcd_had_members_read_as_one(tmp_path) -> None:
 def test_an_etcd_size_out_of_range_is_refused(count) -> None:
     with pytest.raises(ValueError, match=f"an etcd of {count} members"):
         Ports.from_base(19092).with_etcd_members(count)
+
+
+def test_a_kafka_of_three_brokers_takes_ports_ten_apart_and_is_one_bootstrap_list() -> None:
+    ports = Ports.from_base(19092).with_kafka_brokers(3).with_etcd_members(3)
+    assert ports.kafka_brokers == [(19092, 19093), (19102, 19103), (19112, 19113)]
+    assert Endpoints.local(ports).kafka == "127.0.0.1:19092,127.0.0.1:19102,127.0.0.1:19112"
+    every = [p for pair in ports.kafka_brokers + ports.etcd_members for p in pair] + [ports.redis, ports.registry]
+    assert len(set(every)) == len(every)  # the two clusters' ports never collide
+    assert ports.with_kafka_brokers(1).kafka_brokers == [(19092, 19093)]
+
+
+def test_free_ports_for_both_clusters_are_distinct_and_recorded(tmp_path) -> None:
+    ports = Ports.free(etcd_members=3, kafka_brokers=3)
+    assert len(ports.etcd_members) == 3 and len(ports.kafka_brokers) == 3
+    every = [p for pair in ports.kafka_brokers + ports.etcd_members for p in pair]
+    assert len(set(every)) == 12
+    record_ports(tmp_path, ports)
+    assert recorded_ports(tmp_path) == ports
+
+
+@pytest.mark.parametrize("count", [0, 10])
+def test_a_kafka_size_out_of_range_is_refused(count) -> None:
+    with pytest.raises(ValueError, match=f"a Kafka of {count} brokers"):
+        Ports.from_base(19092).with_kafka_brokers(count)

@@ -11,3 +11,39 @@ def test_the_pom_is_found_outside_the_repository(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True"
+
+
+def _properties(broker) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in broker._server_properties().splitlines())
+
+
+def test_a_cluster_of_three_nodes_is_one_quorum_with_replicated_internal_topics(tmp_path):
+    from streamtrain.infra.cluster import kafka_brokers
+    from streamtrain.infra.endpoints import Ports
+
+    brokers = kafka_brokers(tmp_path, Ports.from_base(19092).with_kafka_brokers(3))
+    assert list(brokers) == ["kafka", "kafka-1", "kafka-2"]
+    props = [_properties(b) for b in brokers.values()]
+    assert [p["node.id"] for p in props] == ["1", "2", "3"]
+    voters = "1@127.0.0.1:19093,2@127.0.0.1:19103,3@127.0.0.1:19113"
+    assert all(p["controller.quorum.voters"] == voters for p in props)
+    assert props[1]["listeners"] == "PLAINTEXT://127.0.0.1:19102,CONTROLLER://127.0.0.1:19103"
+    assert all(p["transaction.state.log.replication.factor"] == "3" and p["transaction.state.log.min.isr"] == "2"
+               and p["offsets.topic.replication.factor"] == "3" for p in props)
+    single = _properties(kafka_brokers(tmp_path / "one", Ports.from_base(19092))["kafka"])
+    assert single["controller.quorum.voters"] == "1@127.0.0.1:19093"
+    assert single["transaction.state.log.replication.factor"] == "1" and single["transaction.state.log.min.isr"] == "1"
+
+
+def test_the_nodes_of_a_cluster_share_the_first_cluster_id_written(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from streamtrain.infra.kafka_broker import shared_cluster_id
+
+    path = tmp_path / "kafka" / "cluster.id"
+    with ThreadPoolExecutor(8) as pool:
+        ids = set(pool.map(lambda _: shared_cluster_id(path), range(32)))
+    assert len(ids) == 1
+    (found,) = ids
+    assert len(found) == 22 and shared_cluster_id(path) == found  # Kafka's base64 UUID, kept
+    assert [p.name for p in path.parent.iterdir()] == ["cluster.id"]  # no staged copy left behind
