@@ -88,15 +88,14 @@ class LocalServices:
             return {name: f.result() for name, f in futures.items()}
 
     def _check_nodes(self) -> None:
-        """etcd keeps its members in its data, and Kafka's nodes their controller quorum: a
-        data dir made for another number of them would start as the old cluster, which new
-        nodes could never join."""
-        recorded = recorded_ports(self.home) or Ports.default()
-        for kind, nodes, data in (("etcd", lambda p: p.etcd_members, "member-data"),
-                                  ("kafka", lambda p: p.kafka_brokers, "logs/meta.properties")):
-            had, wanted = len(nodes(recorded)), len(nodes(self.ports))
-            if had != wanted and kind not in self.endpoints.external and (self.home / kind / data).exists():
-                raise InfraError(f"the local {kind} in {self.home / kind} has {had} node(s), not {wanted}: "
+        """etcd keeps its members in its data, and Kafka's nodes their controller quorum: data
+        dirs made for another number of them would start as the old cluster, which new nodes
+        could never join. The count is read from the disk: the nodes whose data is there."""
+        for kind, wanted, data in (("etcd", len(self.ports.etcd_members), "member-data"),
+                                   ("kafka", len(self.ports.kafka_brokers), "logs/meta.properties")):
+            had = sum(1 for d in self.home.glob(f"{kind}*") if (d / data).exists())
+            if had and had != wanted and kind not in self.endpoints.external:
+                raise InfraError(f"the local {kind} in {self.home} has data of {had} node(s), not {wanted}: "
                                  f"`streamtrain down`, then remove {self.home}/{kind}* to start it anew")
 
     def down(self) -> list[str]:

@@ -189,5 +189,7 @@ def recorded_ports(home: Path) -> Ports | None:
 def record_ports(home: Path, ports: Ports) -> None:
     home.mkdir(parents=True, exist_ok=True)
     tmp = home / (STATE_FILE + ".tmp")
-    tmp.write_text(json.dumps({"ports": asdict(ports)}, indent=2))
+    # A single node's empty lists are left out: what older versions wrote, and can read.
+    recorded = {k: v for k, v in asdict(ports).items() if not (k.endswith("_more") and not v)}
+    tmp.write_text(json.dumps({"ports": recorded}, indent=2))
     tmp.replace(home / STATE_FILE)

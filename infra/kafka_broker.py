@@ -202,7 +202,17 @@ class KafkaBroker(ServerProcess):
                 pass
         except OSError:
             return False
-        return metadata_ok(self.address)
+        return metadata_ok(self.address, self.node_id)
+
+
+def new_cluster_id() -> str:
+    """Kafka's own form: a random UUID in URL-safe base64 without padding, drawn again while
+    it starts with "-" (as Kafka's `Uuid.randomUuid` does), which a command line would take
+    for an option."""
+    while True:
+        found = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not found.startswith("-"):
+            return found
 
 
 def shared_cluster_id(path: Path) -> str:
@@ -210,8 +220,7 @@ def shared_cluster_id(path: Path) -> str:
     cluster are prepared at once, and the first to link its id in place wins."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        # Kafka's own form: a random UUID in URL-safe base64 without padding.
-        new = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        new = new_cluster_id()
         staged = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex}")
         staged.write_text(new + "\n")
         try:
@@ -228,8 +237,10 @@ _quiet.addHandler(logging.NullHandler())
 _quiet.propagate = False
 
 
-def metadata_ok(bootstrap: str, timeout: float = 3.0) -> bool:
-    """A metadata request answered by a broker: the readiness test for any Kafka cluster."""
+def metadata_ok(bootstrap: str, node_id: int | None = None, timeout: float = 3.0) -> bool:
+    """A metadata request answered by a broker: the readiness test for any Kafka cluster;
+    with `node_id`, one that lists that node (a node of a local cluster is ready once the
+    cluster has admitted it, not when another node answers)."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
@@ -238,4 +249,4 @@ def metadata_ok(bootstrap: str, timeout: float = 3.0) -> bool:
         md = admin.list_topics(timeout=timeout)
     except KafkaException:
         return False
-    return bool(md.brokers)
+    return node_id in md.brokers if node_id is not None else bool(md.brokers)

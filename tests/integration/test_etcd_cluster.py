@@ -87,5 +87,5 @@ def test_up_starts_an_etcd_of_three_members_and_keeps_to_it(services, tmp_path, 
         client.close()
     finally:
         local.down()
-    with pytest.raises(InfraError, match="has 3 member"):
+    with pytest.raises(InfraError, match="has data of 3 node"):
         LocalServices(tmp_path, Ports.free()).up()

@@ -58,3 +58,9 @@ def test_free_ports_for_both_clusters_are_distinct_and_recorded(tmp_path) -> Non
 def test_a_kafka_size_out_of_range_is_refused(count) -> None:
     with pytest.raises(ValueError, match=f"a Kafka of {count} brokers"):
         Ports.from_base(19092).with_kafka_brokers(count)
+
+
+def test_a_single_nodes_ports_are_recorded_as_older_versions_wrote_them(tmp_path) -> None:
+    record_ports(tmp_path, Ports.from_base(19092))
+    assert "_more" not in (tmp_path / "services.json").read_text()
+    assert recorded_ports(tmp_path) == Ports.from_base(19092)

@@ -47,3 +47,33 @@ def test_the_nodes_of_a_cluster_share_the_first_cluster_id_written(tmp_path):
     (found,) = ids
     assert len(found) == 22 and shared_cluster_id(path) == found  # Kafka's base64 UUID, kept
     assert [p.name for p in path.parent.iterdir()] == ["cluster.id"]  # no staged copy left behind
+
+
+def test_a_new_cluster_id_never_reads_as_an_option(monkeypatch):
+    import uuid
+
+    from streamtrain.infra import kafka_broker
+
+    # The first draw encodes to "-..." (0xf8: the 62nd base64url digit, "-", first).
+    draws = iter([uuid.UUID(bytes=b"\xf8" + b"\0" * 15), uuid.UUID(int=1)])
+    monkeypatch.setattr(kafka_broker.uuid, "uuid4", lambda: next(draws))
+    assert kafka_broker.new_cluster_id() == "AAAAAAAAAAAAAAAAAAAAAQ"
+
+
+def test_up_refuses_another_count_of_brokers_than_the_data_dirs_hold(tmp_path, monkeypatch):
+    import pytest
+
+    from streamtrain.infra import InfraError, LocalServices
+    from streamtrain.infra.endpoints import ENV_KAFKA, Ports
+
+    monkeypatch.delenv(ENV_KAFKA, raising=False)
+    for node in ("kafka", "kafka-1"):  # two of three nodes' data left, services.json gone
+        (tmp_path / node / "logs").mkdir(parents=True)
+        (tmp_path / node / "logs" / "meta.properties").write_text("node.id=1\n")
+    with pytest.raises(InfraError, match="kafka in .* has data of 2 node"):
+        LocalServices(tmp_path, Ports.from_base(19092).with_kafka_brokers(3))._check_nodes()
+    with pytest.raises(InfraError, match="has data of 2 node"):
+        LocalServices(tmp_path, Ports.from_base(19092))._check_nodes()
+    (tmp_path / "kafka-2" / "logs").mkdir(parents=True)
+    (tmp_path / "kafka-2" / "logs" / "meta.properties").write_text("node.id=3\n")
+    LocalServices(tmp_path, Ports.from_base(19092).with_kafka_brokers(3))._check_nodes()
