@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import redis
 import torch
 from streamtrain.infra import Endpoints
-from streamtrain.infra.clients import TopicSpec, ensure_topics, redis_client
+from streamtrain.infra.clients import redis_client
 from streamtrain.jobstate.config import JobConfig
 from streamtrain.jobstate.errors import MasterError, TaskLostError
 from streamtrain.jobstate.etcd import Etcd
@@ -38,11 +38,11 @@ from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.jobstate.tasks import ClaimedTask, TaskClient
 from streamtrain.schemas import DeadLetter, EtcdKeys, Topics
 from streamtrain.trainer.committer import Committer, Ended
-from streamtrain.trainer.delivery import Delivery
+from streamtrain.trainer.broker import Broker
 from streamtrain.trainer.features import Batch, MiniBatches
 from streamtrain.trainer.feed import Chunk, TaskFeed
 from streamtrain.trainer.groups import GroupTrainer, rows_in_flight
-from streamtrain.trainer.loader import BadRecord, Loaded, LoaderSpec, RecordLoader
+from streamtrain.trainer.loader import BadRecord, Loaded
 from streamtrain.trainer.metrics import TaskMetrics
 from streamtrain.trainer.models import build_model, default_device, model_spec, use_torch_threads
 from streamtrain.trainer.own import OwnPushes, OwnRows
@@ -77,11 +77,13 @@ class TrainerStats:
 class Trainer:
     def __init__(self, endpoints: Endpoints, job: str, trainer_id: str | None = None,
                  device: torch.device | None = None, lease_ttl_s: int = 10, *, etcd: Etcd | None = None,
-                 redis_conn: redis.Redis | None = None) -> None:
+                 redis_conn: redis.Redis | None = None, broker: Broker | None = None) -> None:
         """`etcd` and `redis_conn`: clients to use instead of connecting to `endpoints` (the
-        caller keeps and closes them); the broker's are made by the parts that use them."""
+        caller keeps and closes them); `broker`: what makes the parts that talk to Kafka
+        (trainer/broker.py), instead of the job's Kafka at `endpoints`."""
         self.endpoints = endpoints
         self._given_etcd, self._given_redis = etcd, redis_conn
+        self.broker = broker or Broker(endpoints)
         self.job = job
         self.trainer_id = trainer_id or f"{socket.gethostname()}-{os.getpid()}"
         self.device = device or default_device()
@@ -136,16 +138,13 @@ class Trainer:
             raise MasterError(f"job {config.name!r} has no slot map in etcd: start its master first")
         self.slot_map = SlotMap.from_json(slots.value)
         self.shards = self.slot_map.shards
-        ensure_topics(self.endpoints, [TopicSpec(self.topics.metrics), TopicSpec(self.topics.dlq, 1, {
-            "cleanup.policy": "compact"})] + [TopicSpec(self.topics.grad(s)) for s in range(self.shards)],
-            replication_factor=config.kafka.replication_factor, min_insync_replicas=config.kafka.min_insync_replicas)
+        self.broker.ensure_topics(config, self.shards)
         spec = model_spec(config)
         # Started first: the child's imports overlap the rest of the start-up. Records are
         # decoded in chunks large enough to amortise the per-chunk numpy calls.
         self._chunk_records = max(config.model.batch_size, 4096)
-        self.loader = RecordLoader(LoaderSpec(
-            self.endpoints, f"{config.name}.trainer.{self.trainer_id}", config.input, spec.fields,
-            spec.dense_features, config.model.hash_buckets, self._chunk_records))
+        self.loader = self.broker.loader(config, self.trainer_id, spec.fields, spec.dense_features,
+                                         self._chunk_records)
         use_torch_threads(config)
         self.model = build_model(config).to(self.device)
         self.rows = RowLayout.of(self.model.tables)
@@ -171,8 +170,7 @@ class Trainer:
                                   max_wait_s=max(1.0, config.tasks.timeout_s / 3)
                                   ) if config.train.sgd == "async" else None
         self.step = self.gate.first_step() if self.gate.active else self.own.first_step(client.applied())
-        self.delivery = Delivery(self.endpoints, f"{config.name}.trainer.{self.trainer_id}"
-                                 if config.train.delivery == "exactly_once" else None)
+        self.delivery = self.broker.delivery(config, self.trainer_id)
         self.committer = Committer(self.delivery, self.tasks, self._ended)
         try:
             self.loader.wait_ready()

@@ -23,6 +23,8 @@ from streamtrain.master.service import Master
 from streamtrain.producers.clickmodel import ClickModel
 from streamtrain.pserver.shard import PserverShard, ShardOptions
 from streamtrain.schemas import DeadLetter, EtcdKeys, Example, GradientDelta, JobState, RedisKeys, TaskRecord, Topics
+from streamtrain.trainer.broker import Broker
+from streamtrain.trainer.delivery import Delivery
 from streamtrain.trainer.local import LocalTrainer
 from streamtrain.trainer.metrics import auc
 from streamtrain.trainer.params import ParamSync
@@ -261,6 +263,58 @@ def test_at_least_once_delivery_trains_without_transactions(services, etcd, redi
     config = make_job(unique("alo"), topic, tmp_path, delivery="at_least_once")
     # No fault: nothing is redone, so not even its side outputs repeat here.
     train_one_pass(services, redis_conn, config, topic, counts, trainers=1, timeout_s=120)
+
+
+class RefusedOnce(Broker):
+    """The job's Kafka, but the first task's side outputs carry a message the producer refuses
+    (over its 1 MB `message.max.bytes`), so that commit's transaction fails."""
+
+    def __init__(self, endpoints: Endpoints) -> None:
+        super().__init__(endpoints)
+        self.refused: list[str] = []  # the task ids of the commits refused
+
+    def delivery(self, config, trainer_id: str) -> Delivery:
+        delivery, broker = super().delivery(config, trainer_id), self
+        commit = delivery.commit
+
+        def refusing_once(messages) -> None:
+            if messages and not broker.refused:
+                task_id = json.loads(next(v for t, v, k in messages if t == Topics(config.name).metrics))["task_id"]
+                broker.refused.append(task_id)
+                messages = [*messages, (Topics(config.name).metrics, b"x" * 2_000_000, None)]
+            commit(messages)
+
+        delivery.commit = refusing_once
+        return delivery
+
+
+def test_a_task_whose_commit_fails_is_redone_and_its_outputs_committed_once(services, redis_conn,
+                                                                            topic_factory, unique, tmp_path) -> None:
+    """A side-output transaction that fails fails that attempt only: the transaction is
+    aborted, the task redone, every example applied once by the ledger and each task's metrics
+    record committed once (the refused attempt's with it: none)."""
+    train = MODEL.examples(8_000)
+    topic = topic_factory("refused", partitions=2)
+    counts = write_examples(services, topic, [e.to_json() for e in train], 2)
+    config = make_job(unique("refused"), topic, tmp_path)
+    broker, background, trainers, coord = RefusedOnce(services), Background(), [], Etcd.connect(services)
+    background.start(lambda stop: Master(Etcd.connect(services), services, config).run(stop))
+    for i in range(2):
+        background.start(lambda stop, i=i: PserverShard(services, ShardOptions(config.name, i, lease_ttl_s=2)).run(stop))
+    trainers.append(Trainer(services, config.name, "t0", lease_ttl_s=2, broker=broker))
+    background.start(trainers[0].run)
+    try:
+        wait_for(lambda: finished(coord, config.name), 120, "the job's single pass", interval=0.5)
+        wait_for(lambda: applied_exactly(redis_conn, config.name, counts, topic), 30, "pservers applied all")
+    finally:
+        background.close()
+        coord.close()
+    assert len(broker.refused) == 1
+    assert trainers[0].stats.failed_tasks == 1, trainers[0].stats
+    reports = [json.loads(value) for value in committed(services, Topics(config.name).metrics)]
+    by_task = {task_id: sum(r["task_id"] == task_id for r in reports) for task_id in {r["task_id"] for r in reports}}
+    assert broker.refused[0] in by_task and set(by_task.values()) == {1}, by_task
+    assert sum(r["examples"] for r in reports) == len(train)
 
 
 def test_one_percent_garbage_trains_as_well_and_lands_exactly_in_the_dlq(services, etcd, redis_conn, topic_factory,
