@@ -54,6 +54,7 @@ from bench.e2e import MODELS, Workload, children, examples, job_toml, quality, s
 from bench.trainer_throughput import write_topic
 from streamtrain.infra import Endpoints, LocalServices, Ports
 from streamtrain.infra.clients import redis_client
+from streamtrain.jobstate.redisnodes import ShardNodes
 from streamtrain.jobstate.config import JobConfig
 from streamtrain.jobstate.errors import CoordinationError
 from streamtrain.jobstate.etcd import Etcd
@@ -177,12 +178,18 @@ class Probe:
         self.endpoints, self.job = endpoints, job
         self.redis_keys, self.etcd_keys = RedisKeys(job), EtcdKeys(job)
         self._redis = redis_client(endpoints)
+        self._nodes = ShardNodes(self._redis, job)
         self._etcd: Etcd | None = None
+
+    def _each(self, key) -> list[bytes | None]:
+        """`key(shard)` of every shard, read."""
+        raw = self._nodes.get_each({s: key(s) for s in range(SHARDS)})
+        return [raw[s] for s in range(SHARDS)]
 
     def applied(self) -> int | None:
         """Examples applied by the shard that has applied fewest."""
         try:
-            raw = self._redis.mget([self.redis_keys.stats(s) for s in range(SHARDS)])
+            raw = self._each(self.redis_keys.stats)
         except Exception:  # noqa: BLE001  Redis away
             return None
         if not all(raw):
@@ -190,7 +197,7 @@ class Probe:
         return min(ShardStats.from_json(r).examples for r in raw)
 
     def stats(self) -> list[ShardStats | None]:
-        raw = self._redis.mget([self.redis_keys.stats(s) for s in range(SHARDS)])
+        raw = self._each(self.redis_keys.stats)
         return [ShardStats.from_json(r) if r else None for r in raw]
 
     def mark(self, kind: str, target: str) -> object:
@@ -200,7 +207,7 @@ class Probe:
         its stats (pid, serving, written at)."""
         try:
             if kind == "trainer":
-                raw = self._redis.mget([self.redis_keys.applied(s) for s in range(SHARDS)])
+                raw = self._each(self.redis_keys.applied)
                 if not all(raw):  # Redis restarted empty: until the shards publish again
                     return _UNKNOWN
                 return max(AppliedSteps.from_json(r).steps.get(target, -1) for r in raw)

@@ -378,7 +378,7 @@ def freshness(endpoints: Endpoints, work: Workload, trainers: int, model: str, h
     taken = set(featurizer.batch(examples(work.model, head)).ids.tolist())
     table = RowLayout.of(build_model(config).tables).name
     keys = RedisKeys(name)
-    probes: dict[int, tuple[str, bytes]] = {}  # record index -> (row key, line)
+    probes: dict[int, tuple[int, list[str]]] = {}  # record index -> (row id, line's cells)
     candidate = 1 << 40
     for i in range(0, count, PROBE_EVERY):
         while True:
@@ -390,7 +390,7 @@ def freshness(endpoints: Endpoints, work: Workload, trainers: int, model: str, h
                 break
         cells = lines[i].decode().split(",")
         cells[0] = str(candidate)
-        probes[i] = (keys.row(table, row), cells)
+        probes[i] = (row, cells)
 
     log = open(home / f"{name}.log", "ab")
     redis_conn, etcd = redis_client(endpoints), Etcd.connect(endpoints)
@@ -405,7 +405,10 @@ def freshness(endpoints: Endpoints, work: Workload, trainers: int, model: str, h
             pending = [key for key, _ in written[:] if key not in seen]
             now = time.time()
             if pending:
-                for key, value in zip(pending, redis_conn.mget(pending)):
+                pipe = redis_conn.pipeline(transaction=False)  # one key a slot: a cluster's too
+                for key in pending:
+                    pipe.get(key)
+                for key, value in zip(pending, pipe.execute()):
                     if value is not None:
                         seen[key] = now
             elif done.is_set():
@@ -422,6 +425,10 @@ def freshness(endpoints: Endpoints, work: Workload, trainers: int, model: str, h
                 raise RuntimeError(f"{name}: the job did not start; see {home / (name + '.log')}")
             time.sleep(0.2)
         time.sleep(2.0)  # the trainers' loaders and first claims
+        slot_map = SlotMap.from_json(etcd.get(EtcdKeys(name).slots).value)
+        for i, (row, cells) in probes.items():
+            probes[i] = (keys.row(int(slot_map.shard_of_rows(table, np.array([row], dtype=np.uint64))[0]), table, row),
+                         cells)
         poller = threading.Thread(target=poll, daemon=True)
         poller.start()
         producer = Producer({"bootstrap.servers": endpoints.kafka, "linger.ms": 5, "enable.idempotence": True})

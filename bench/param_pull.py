@@ -49,7 +49,7 @@ def run(url: str, rows: int, rounds: int) -> dict[str, float]:
     Publisher(client, job, 0).publish(state, Changes(rows={"user": ids}))
     rng = np.random.default_rng(0)
     batch = np.unique(rng.integers(0, len(ids), rows * 2).astype(np.uint64))[:rows]
-    keys = RedisKeys(job).rows("user", batch)
+    keys = RedisKeys(job).rows(0, "user", batch)
     params = ParamClient(client, job, slot_map)
     result = {"rows": len(batch), "dim": dim}
     result |= report("pull", timed(lambda: params.pull_rows("user", batch, dim), rounds), len(batch))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from streamtrain.infra.endpoints import Endpoints
+from streamtrain.infra.endpoints import REDIS_CLUSTER_SCHEME, Endpoints
 from streamtrain.infra.errors import InfraError
 
 
@@ -111,6 +111,18 @@ def _failover_client(members: list[tuple[str, int]], timeout: float):
 
 
 def redis_client(endpoints: Endpoints):
+    """A single Redis's client, or a Redis Cluster's (`redis+cluster://host:port,...`: it
+    learns the other nodes and the slots from whichever of these answers)."""
     import redis
 
+    if endpoints.redis.startswith(REDIS_CLUSTER_SCHEME):
+        from redis.cluster import ClusterNode, RedisCluster
+
+        nodes = []
+        for item in endpoints.redis[len(REDIS_CLUSTER_SCHEME):].split(","):
+            host, _, port = item.strip().rstrip("/").rpartition(":")
+            if not port.isdigit():
+                raise ValueError(f"Redis Cluster node {item.strip()!r} in {endpoints.redis!r}: expected host:port")
+            nodes.append(ClusterNode(host or "127.0.0.1", int(port)))
+        return RedisCluster(startup_nodes=nodes)
     return redis.Redis.from_url(endpoints.redis)

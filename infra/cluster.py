@@ -6,6 +6,7 @@ Layout of the state dir (`STREAMTRAIN_HOME`, or a temp dir in tests):
     kafka/ etcd/ redis/ registry/   each service's data, config, log and pid file
     kafka-1/ kafka-2/ ...           the other brokers of a Kafka of several
     etcd-1/ etcd-2/ ...             the other members of an etcd of several
+    redis-1/ redis-2/ ...           the other nodes of a Redis Cluster
 A service whose environment variable names an external cluster is not started here; it is
 only probed.
 """
@@ -21,7 +22,7 @@ from streamtrain.infra.errors import InfraError
 from streamtrain.infra.etcd_server import EtcdServer, health_ok
 from streamtrain.infra.kafka_broker import KafkaBroker, ensure_kafka_jars, metadata_ok
 from streamtrain.infra.process import ServerProcess
-from streamtrain.infra.redis_server import RedisServer, ping_ok
+from streamtrain.infra.redis_server import RedisServer, form_cluster, ping_ok
 from streamtrain.infra.schema_registry import SchemaRegistryServer, ensure_registry_dist, subjects_ok
 
 SERVICES = ("kafka", "etcd", "redis")
@@ -52,7 +53,7 @@ class LocalServices:
         self.servers: dict[str, ServerProcess] = {
             **kafka_brokers(home, self.ports),
             **etcd_members(home, self.ports),
-            "redis": RedisServer(home / "redis", self.ports.redis),
+            **redis_nodes(home, self.ports),
             "registry": SchemaRegistryServer(home / "registry", self.ports.registry),
         }
         self.with_registry = registry
@@ -62,7 +63,8 @@ class LocalServices:
         named by its environment variable."""
         optional = [n for n in OPTIONAL
                     if self.with_registry or n in self.endpoints.external or self.servers[n].pid() is not None]
-        more = {"kafka": len(self.ports.kafka_brokers), "etcd": len(self.ports.etcd_members)}
+        more = {"kafka": len(self.ports.kafka_brokers), "etcd": len(self.ports.etcd_members),
+                "redis": len(self.ports.redis_nodes)}
         nodes = [f"{kind}-{i}" for kind, count in more.items() if kind not in self.endpoints.external
                  for i in range(1, count)]
         return [*SERVICES, *nodes, *optional]
@@ -85,14 +87,19 @@ class LocalServices:
         # Together: an etcd member is healthy only once a quorum of them is up.
         with ThreadPoolExecutor(max_workers=len(managed) or 1) as pool:
             futures = {name: pool.submit(s.start) for name, s in managed.items()}
-            return {name: f.result() for name, f in futures.items()}
+            started = {name: f.result() for name, f in futures.items()}
+        if self.ports.redis_cluster and "redis" in managed:
+            form_cluster([s for name, s in managed.items() if _kind(name) == "redis"])
+        return started
 
     def _check_nodes(self) -> None:
-        """etcd keeps its members in its data, and Kafka's nodes their controller quorum: data
-        dirs made for another number of them would start as the old cluster, which new nodes
-        could never join. The count is read from the disk: the nodes whose data is there."""
+        """etcd keeps its members in its data, Kafka's nodes their controller quorum and a Redis
+        Cluster's nodes their cluster: data dirs made for another number of them would start as
+        the old cluster, which new nodes could never join. The count is read from the disk:
+        the nodes whose data is there (a single Redis keeps none)."""
         for kind, wanted, data in (("etcd", len(self.ports.etcd_members), "member-data"),
-                                   ("kafka", len(self.ports.kafka_brokers), "logs/meta.properties")):
+                                   ("kafka", len(self.ports.kafka_brokers), "logs/meta.properties"),
+                                   ("redis", len(self.ports.redis_nodes), "nodes.conf")):
             had = sum(1 for d in self.home.glob(f"{kind}*") if (d / data).exists())
             if had and had != wanted and kind not in self.endpoints.external:
                 raise InfraError(f"the local {kind} in {self.home} has data of {had} node(s), not {wanted}: "
@@ -114,7 +121,7 @@ class LocalServices:
             external = kind in self.endpoints.external
             pid = None if external else self.servers[name].pid()
             # A local cluster's nodes each by its own address; an external one as named.
-            address = self.servers[name].address if kind in ("kafka", "etcd") and not external else addresses[kind]
+            address = self.servers[name].address if kind in ("kafka", "etcd", "redis") and not external else addresses[kind]
             healthy = (external or pid is not None) and probes[kind](address)
             return ServiceStatus(name, address, bool(healthy), pid, external)
 
@@ -138,6 +145,15 @@ def kafka_brokers(home: Path, ports: Ports) -> dict[str, KafkaBroker]:
         servers[key] = KafkaBroker(home / key, client, controller, i + 1, voters,
                                    home / "kafka" / "cluster.id")
     return servers
+
+
+def redis_nodes(home: Path, ports: Ports) -> dict[str, RedisServer]:
+    """The local Redis: one as "redis", or the nodes of a Redis Cluster as "redis",
+    "redis-1", ... (`form_cluster` makes half of them masters, each with a replica)."""
+    if not ports.redis_cluster:
+        return {"redis": RedisServer(home / "redis", ports.redis)}
+    names = ["redis", *(f"redis-{i}" for i in range(1, len(ports.redis_cluster)))]
+    return {name: RedisServer(home / name, client, bus) for name, (client, bus) in zip(names, ports.redis_cluster)}
 
 
 def etcd_members(home: Path, ports: Ports) -> dict[str, EtcdServer]:

@@ -19,6 +19,8 @@ ENV_REGISTRY = "STREAMTRAIN_REGISTRY"
 ENV_HOME = "STREAMTRAIN_HOME"
 ENV_PORT_BASE = "STREAMTRAIN_PORT_BASE"
 
+REDIS_CLUSTER_SCHEME = "redis+cluster://"
+
 DEFAULT_PORT_BASE = 19092
 STATE_FILE = "services.json"
 
@@ -36,7 +38,9 @@ class Ports:
     """Loopback ports of the local services; six consecutive ports from a base by default
     (the schema registry's is used only when one is started). An etcd of several members has
     the others' (client, peer) ports in `etcd_more`; a Kafka of several brokers the others'
-    (client, controller) ports in `kafka_more`."""
+    (client, controller) ports in `kafka_more`; a Redis Cluster every node's (client, cluster
+    bus) ports in `redis_cluster`, the first's client port `redis` (half of the nodes masters,
+    each with a replica)."""
 
     kafka: int
     kafka_controller: int
@@ -46,6 +50,7 @@ class Ports:
     registry: int
     etcd_more: tuple[tuple[int, int], ...] = ()
     kafka_more: tuple[tuple[int, int], ...] = ()
+    redis_cluster: tuple[tuple[int, int], ...] = ()
 
     @property
     def etcd_members(self) -> list[tuple[int, int]]:
@@ -56,6 +61,22 @@ class Ports:
     def kafka_brokers(self) -> list[tuple[int, int]]:
         """Every Kafka broker's (client, controller) ports, the first broker's first."""
         return [(self.kafka, self.kafka_controller), *self.kafka_more]
+
+    @property
+    def redis_nodes(self) -> list[int]:
+        """Every Redis node's client port, the first node's first: one, or a cluster's."""
+        return [client for client, _ in self.redis_cluster] or [self.redis]
+
+    def with_redis_cluster(self, masters: int) -> Ports:
+        """These ports with a Redis Cluster of `masters` masters and a replica each (0: a
+        single Redis): kept as they are if it has as many nodes, else ten ports apart from
+        the first's (BASE+4, BASE+14, ...), each node's cluster bus five above its own."""
+        if masters != 0 and not 3 <= masters <= 5:
+            raise ValueError(f"a Redis Cluster of {masters} masters: 3 to 5 are supported (0: a single Redis)")
+        if len(self.redis_cluster) == 2 * masters:
+            return self
+        return replace(self, redis_cluster=tuple((self.redis + 10 * i, self.redis + 10 * i + 5)
+                                                 for i in range(2 * masters)))
 
     def with_etcd_members(self, count: int) -> Ports:
         """These ports with `count` etcd members: kept as they are if it has that many, else
@@ -82,16 +103,20 @@ class Ports:
         return cls(base, base + 1, base + 2, base + 3, base + 4, base + 5)
 
     @classmethod
-    def free(cls, etcd_members: int = 1, kafka_brokers: int = 1) -> Ports:
+    def free(cls, etcd_members: int = 1, kafka_brokers: int = 1, redis_masters: int = 0) -> Ports:
         """Currently free ports, for tests that must not collide with anything."""
-        socks = [socket.socket() for _ in range(6 + 2 * (etcd_members - 1) + 2 * (kafka_brokers - 1))]
+        socks = [socket.socket() for _ in range(6 + 2 * (etcd_members - 1) + 2 * (kafka_brokers - 1)
+                                                + 2 * redis_masters * 2)]
         try:
             for s in socks:
                 s.bind(("127.0.0.1", 0))
             found = [s.getsockname()[1] for s in socks]
             pairs = list(zip(found[6::2], found[7::2]))
-            return cls(*found[:6], etcd_more=tuple(pairs[:etcd_members - 1]),
-                       kafka_more=tuple(pairs[etcd_members - 1:]))
+            more = etcd_members - 1 + kafka_brokers - 1
+            redis_cluster = tuple(pairs[more:])
+            return cls(*found[:4], redis_cluster[0][0] if redis_cluster else found[4], found[5],
+                       etcd_more=tuple(pairs[:etcd_members - 1]),
+                       kafka_more=tuple(pairs[etcd_members - 1:more]), redis_cluster=redis_cluster)
         finally:
             for s in socks:
                 s.close()
@@ -105,7 +130,8 @@ class Ports:
 class Endpoints:
     """Client addresses: Kafka bootstrap servers, etcd host:port (or several, comma-separated:
     the members of a cluster, which clients fail over between), Redis URL, and the URL of
-    Confluent's API on a schema registry (used by jobs of Avro records that name none)."""
+    Confluent's API on a schema registry (used by jobs of Avro records that name none).
+    A Redis Cluster is named by `redis+cluster://host:port[,host:port...]`, any of its nodes."""
 
     kafka: str
     etcd: str
@@ -131,7 +157,8 @@ class Endpoints:
         return cls(
             kafka=",".join(f"127.0.0.1:{client}" for client, _ in ports.kafka_brokers),
             etcd=",".join(f"127.0.0.1:{client}" for client, _ in ports.etcd_members),
-            redis=f"redis://127.0.0.1:{ports.redis}/0",
+            redis=(f"redis://127.0.0.1:{ports.redis}/0" if not ports.redis_cluster else
+                   REDIS_CLUSTER_SCHEME + ",".join(f"127.0.0.1:{port}" for port in ports.redis_nodes)),
             registry=f"http://127.0.0.1:{ports.registry}/apis/ccompat/v7",
         )
 
@@ -181,7 +208,7 @@ def recorded_ports(home: Path) -> Ports | None:
         return None
     ports = json.loads(path.read_text())["ports"]
     ports.setdefault("registry", ports["redis"] + 1)  # recorded before the registry had a port
-    for more in ("etcd_more", "kafka_more"):
+    for more in ("etcd_more", "kafka_more", "redis_cluster"):
         ports[more] = tuple(tuple(pair) for pair in ports.get(more, ()))
     return Ports(**ports)
 
@@ -190,6 +217,7 @@ def record_ports(home: Path, ports: Ports) -> None:
     home.mkdir(parents=True, exist_ok=True)
     tmp = home / (STATE_FILE + ".tmp")
     # A single node's empty lists are left out: what older versions wrote, and can read.
-    recorded = {k: v for k, v in asdict(ports).items() if not (k.endswith("_more") and not v)}
+    recorded = {k: v for k, v in asdict(ports).items() if not (k in ("etcd_more", "kafka_more", "redis_cluster")
+                                                                  and not v)}
     tmp.write_text(json.dumps({"ports": recorded}, indent=2))
     tmp.replace(home / STATE_FILE)

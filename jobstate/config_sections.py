@@ -16,7 +16,7 @@ class JobSection:
     Attributes:
         name: prefixes the job's Kafka topics (``<name>.grad.<i>``, ``<name>.dlq``,
             ``<name>.metrics``), etcd keys (``/streamtrain/<name>/``) and Redis keys
-            (``st:<name>:``); ``[A-Za-z0-9._-]{1,100}``, not ``.`` or ``..``. Required.
+            (``st:{<name>:<shard>}:``); ``[A-Za-z0-9._-]{1,100}``, not ``.`` or ``..``. Required.
     """
 
     name: str

@@ -1,19 +1,19 @@
 """Parameters in Redis: what a shard publishes there (pserver/publisher.py) and `ParamClient`,
 which pulls them for trainers and online inference.
 
-Keys (schemas.RedisKeys): one value per sparse row (`st:<job>:row:<table>:<id>`), one per dense
-block (`st:<job>:dense:<param>:<block>`), and a version counter per shard
-(`st:<job>:version:<shard>`) bumped after each publish. Every value is written by a single SET
+Keys (schemas.RedisKeys): one value per sparse row (`st:{<job>:<shard>}:row:<table>:<id>`), one per dense
+block (`st:{<job>:<shard>}:dense:<param>:<block>`), and a version counter per shard
+(`st:{<job>:<shard>}:version`) bumped after each publish. Every value is written by a single SET
 inside a pipeline, so a reader sees a row or block either before or after an update, never
 half of it. Redis is a cache: a shard republishes everything when its version key is gone
 (FLUSHALL, a restarted Redis), and a reader that finds a shard's version missing is told to
 retry rather than handed initial values.
 
 Each round is appended, rows and values in one `PublishedRound`, to the shard's rounds stream
-(`st:<job>:rounds:<shard>`, the newest `ROUNDS_KEPT` or so), and the dense blocks are written
+(`st:{<job>:<shard>}:rounds`, the newest `ROUNDS_KEPT` or so), and the dense blocks are written
 at once. The row keys are written less often: a flush every so often
 (`pserver.publisher.FLUSH_EVERY_S`) writes the rows changed since the last one, each once, and
-marks its round in `st:<job>:flushed:<shard>`. A trainer follows the streams from a
+marks its round in `st:{<job>:<shard>}:flushed`. A trainer follows the streams from a
 flush on (trainer/replica.py): it holds every row a round changed since, so the keys it reads
 are rows no round has changed since the flush, whose keys are current. Readers of the keys
 alone (`streamtrain predict`, online inference) see rows up to a flush interval old.
@@ -21,13 +21,15 @@ alone (`streamtrain predict`, online inference) see rows up to a flush interval 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import redis
 
 from streamtrain.jobstate import resp
+from streamtrain.jobstate.redisnodes import Client, ShardNodes, moved
 from streamtrain.jobstate.rows import initial_rows
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.schemas import (AppliedSteps, FlushMark, ParamBlock, PublishedRound, RedisKeys, SchemaError,
@@ -79,8 +81,9 @@ Round = tuple[bytes, PublishedRound | None]
 class ParamClient:
     """Pulls rows and blocks for trainers and online inference, one round trip per call."""
 
-    def __init__(self, client: redis.Redis, job: str, slot_map: SlotMap, init_scale: float = 0.01) -> None:
-        self._redis = client
+    def __init__(self, client: Client, job: str, slot_map: SlotMap, init_scale: float = 0.01) -> None:
+        """`client`: a single Redis's or a Redis Cluster's (jobstate/redisnodes.py)."""
+        self.nodes = ShardNodes(client, job)
         self._keys = RedisKeys(job)
         self.slot_map = slot_map
         self.init_scale = init_scale
@@ -118,14 +121,13 @@ class ParamClient:
 
     def applied(self) -> dict[int, dict[str, int]]:
         """Every shard's `RedisKeys.applied`: {shard: {trainer id: newest step published}}."""
-        raw = self._redis.mget([self._keys.applied(s) for s in range(self.slot_map.shards)])
-        return {s: AppliedSteps.from_json(v).steps if v else {} for s, v in enumerate(raw)}
+        raw = self.nodes.get_each({s: self._keys.applied(s) for s in range(self.slot_map.shards)})
+        return {s: AppliedSteps.from_json(v).steps if v else {} for s, v in raw.items()}
 
     def flushed(self, shards: Iterable[int]) -> dict[int, FlushMark | None]:
         """Each shard's last flush (None: it has not published)."""
-        shards = list(shards)
-        raw = self._redis.mget([self._keys.flushed(s) for s in shards]) if shards else []
-        return {s: _flushed(v) for s, v in zip(shards, raw)}
+        raw = self.nodes.get_each({s: self._keys.flushed(s) for s in shards})
+        return {s: _flushed(v) for s, v in raw.items()}
 
     def _rounds(self, after: Mapping[int, bytes], reply) -> dict[int, list[Round]]:
         by_key = {self._keys.rounds(s).encode(): s for s in after}
@@ -143,64 +145,94 @@ class ParamClient:
         caller computes while Redis answers, without a thread to hand the work over.
         `row_shards`: per table, each id's `SlotMap.shard_of_rows`, if the caller has them.
         `rounds`: also read the shards' rounds after these stream ids ({shard: id}), at most
-        `rounds_count` each, in the same transaction (`Pull.rounds`)."""
+        `rounds_count` each, in the same transaction (`Pull.rounds`).
+
+        Each shard's part is one transaction (its keys share a slot), so its values and the
+        applied steps that describe them are read at one instant: a publish lands before or
+        after, never in between. The transactions of the shards a node holds go to it in one
+        write; a single Redis is one node."""
         rows = {table: (np.asarray(ids, dtype=np.uint64), dim) for table, (ids, dim) in rows.items()}
-        shards = set()
+        plans: dict[int, _ShardRead] = {}
+
+        def plan(shard: int) -> _ShardRead:
+            found = plans.get(shard)
+            if found is None:
+                found = plans[shard] = _ShardRead(shard)
+            return found
+
         for table, (ids, _) in rows.items():
             owners = row_shards.get(table) if row_shards is not None else None
             if owners is None:
                 owners = self.slot_map.shard_of_rows(table, ids)
-            shards.update(np.flatnonzero(np.bincount(owners)).tolist())
-        shards.update(map(self._block_shard, blocks))
-        shards = sorted(shards)
-        pool = self._redis.connection_pool
-        conn = pool.get_connection()
-        try:
-            # In a transaction: the values and the applied steps that describe them are read
-            # at one instant (a publish lands before or after, never in between).
-            packed = conn.pack_command("MULTI")
-            # An empty MGET is a syntax error: a placeholder key keeps one reply per request.
-            packed += conn.pack_command("MGET", *([self._keys.version(s) for s in shards]
-                                                  + [self._keys.applied(s) for s in shards]
-                                                  + [self._keys.flushed(s) for s in rounds or ()] or ["-"]))
-            if blocks:
-                packed += conn.pack_command("MGET", *[self._keys.dense(p, b) for p, b in blocks])
-            for table, (ids, _) in rows.items():
-                packed.append(resp.mget(self._keys.row(table, 0)[:-1].encode(), ids) if len(ids)
-                              else b"".join(conn.pack_command("MGET", "-")))
-            if rounds:
-                packed += conn.pack_command("XREAD", "COUNT", rounds_count, "STREAMS",
-                                            *[self._keys.rounds(s) for s in rounds], *rounds.values())
-            packed += conn.pack_command("EXEC")
-            # One write: redis-py writes each piece with its own sendall.
-            conn.send_packed_command([b"".join(packed)])
-        except BaseException:
-            conn.disconnect()
-            pool.release(conn)
-            raise
-        return PendingPull(self, pool, conn, shards, rows, list(blocks), dict(rounds or {}))
+            owners = np.asarray(owners)
+            present = np.flatnonzero(np.bincount(owners)).tolist() if len(owners) else []
+            if len(present) == 1:
+                plan(present[0]).rows.append((table, slice(None)))
+            else:
+                for shard in present:
+                    plan(shard).rows.append((table, np.flatnonzero(owners == shard)))
+        for i, block in enumerate(blocks):
+            plan(self._block_shard(block)).blocks.append(i)
+        for shard in plans:
+            plans[shard].values = True
+        for shard in rounds or ():
+            plan(shard).rounds = True
+        return PendingPull(self, rows, list(blocks), dict(rounds or {}), rounds_count,
+                           [plans[s] for s in sorted(plans)])
 
-    def _decode(self, shards: list[int], rows: dict[str, tuple[np.ndarray, int]], blocks: list[tuple[str, int]],
-                rounds: dict[int, bytes], replies: list) -> Pull:
-        versions = self._versions(shards, replies[0][:len(shards)])
-        applied = {s: AppliedSteps.from_json(raw).steps if raw else {}
-                   for s, raw in zip(shards, replies[0][len(shards):2 * len(shards)])}
-        flushed = {s: _flushed(raw) for s, raw in zip(rounds, replies[0][2 * len(shards):])}
-        found = {}
-        if blocks:
-            for key, raw in zip(blocks, replies[1]):
-                if raw is not None:
-                    last = self._block_values.get(key)
-                    if last is None or last[0] != raw:
-                        last = self._block_values[key] = (raw, ParamBlock.from_bytes(raw).values)
-                    found[key] = last[1]
-        values = {}
-        for (table, (ids, dim)), raw in zip(rows.items(), replies[1 + bool(blocks):]):
-            got, present = decode_rows(raw if len(ids) else [], dim)
-            if not present.all():
-                got[~present] = initial_rows(table, ids[~present], dim, self.init_scale)
-            values[table] = got
-        return Pull(values, found, versions, applied, self._rounds(rounds, replies[-1]) if rounds else {}, flushed)
+    def _request(self, conn, read: _ShardRead, rows: dict[str, tuple[np.ndarray, int]],
+                 blocks: list[tuple[str, int]], rounds: dict[int, bytes], rounds_count: int) -> tuple[bytes, int]:
+        """One shard's transaction in RESP, and how many commands it queues."""
+        shard, keys = read.shard, self._keys
+        head = ([keys.version(shard), keys.applied(shard)] if read.values else []) + (
+            [keys.flushed(shard)] if read.rounds else [])
+        packed = [b"*1\r\n$5\r\nMULTI\r\n", *conn.pack_command("MGET", *head)]
+        if read.blocks:
+            packed += conn.pack_command("MGET", *[keys.dense(shard, *blocks[i]) for i in read.blocks])
+        for table, at in read.rows:
+            packed.append(resp.mget(keys.row_prefix(shard, table).encode(), rows[table][0][at]))
+        if read.rounds:
+            packed += conn.pack_command("XREAD", "COUNT", rounds_count, "STREAMS", keys.rounds(shard), rounds[shard])
+        packed.append(b"*1\r\n$4\r\nEXEC\r\n")
+        return b"".join(packed), 1 + bool(read.blocks) + len(read.rows) + read.rounds
+
+    def _decode(self, rows: dict[str, tuple[np.ndarray, int]], blocks: list[tuple[str, int]],
+                reads: list[_ShardRead], replies: list[list]) -> Pull:
+        shards = [r.shard for r in reads if r.values]
+        versions = self._versions(shards, [reply[0][0] for r, reply in zip(reads, replies) if r.values])
+        applied: dict[int, dict[str, int]] = {}
+        flushed: dict[int, FlushMark | None] = {}
+        got_rounds: dict[int, list[Round]] = {}
+        found: dict[tuple[str, int], np.ndarray] = {}
+        values = {table: np.empty((len(ids), dim), dtype=np.float32) for table, (ids, dim) in rows.items()}
+        present = {table: np.zeros(len(ids), dtype=bool) for table, (ids, _) in rows.items()}
+        for read, reply in zip(reads, replies):
+            head, at = reply[0], 1
+            if read.values:
+                applied[read.shard] = AppliedSteps.from_json(head[1]).steps if head[1] else {}
+            if read.rounds:
+                flushed[read.shard] = _flushed(head[-1])
+            if read.blocks:
+                for i, raw in zip(read.blocks, reply[at]):
+                    if raw is not None:
+                        key = blocks[i]
+                        last = self._block_values.get(key)
+                        if last is None or last[0] != raw:
+                            last = self._block_values[key] = (raw, ParamBlock.from_bytes(raw).values)
+                        found[key] = last[1]
+                at += 1
+            for table, where in read.rows:
+                got, ok = decode_rows(reply[at], rows[table][1])
+                values[table][where] = got
+                present[table][where] = ok
+                at += 1
+            if read.rounds:
+                got_rounds.update(self._rounds({read.shard: b""}, reply[at]))
+        for table, (ids, dim) in rows.items():
+            missing = ~present[table]
+            if missing.any():
+                values[table][missing] = initial_rows(table, ids[missing], dim, self.init_scale)
+        return Pull(values, found, versions, applied, got_rounds, flushed)
 
     @staticmethod
     def _versions(shards: list[int], raw: list[bytes | None]) -> dict[int, int]:
@@ -210,19 +242,31 @@ class ParamClient:
         return {s: int(v) for s, v in zip(shards, raw)}
 
 
+@dataclass
+class _ShardRead:
+    """What a pull reads of one shard, in one transaction."""
+
+    shard: int
+    values: bool = False  # its version and applied steps (it owns rows or blocks read)
+    rows: list[tuple[str, np.ndarray | slice]] = field(default_factory=list)  # table, positions of its ids
+    blocks: list[int] = field(default_factory=list)  # positions in the pull's blocks
+    rounds: bool = False  # its flush mark and rounds
+
+
 class ChannelWatch:
     """The newest message of each of some pub/sub channels, waited for on a connection of
-    their own: a waiter sleeps until Redis pushes one instead of polling keys."""
+    their own: a waiter sleeps until Redis pushes one instead of polling keys. On a Redis
+    Cluster it listens at shard 0's node: a PUBLISH reaches the subscribers of every node."""
 
-    def __init__(self, client: redis.Redis, channels: Mapping[str, int]) -> None:
-        self._redis = client
+    def __init__(self, nodes: ShardNodes, channels: Mapping[str, int]) -> None:
+        self._nodes = nodes
         self._channels = {name.encode(): index for name, index in channels.items()}
         self._pubsub = None
 
     def subscribe(self) -> None:
         """Start listening (a caller that reads the keys after this misses no change)."""
         if self._pubsub is None:
-            self._pubsub = self._redis.pubsub()
+            self._pubsub = self._nodes.node(0).pubsub()
             self._pubsub.subscribe(*self._channels)
 
     def wait(self, timeout_s: float) -> dict[int, bytes]:
@@ -242,8 +286,10 @@ class ChannelWatch:
                 if reply[0] == b"message" and reply[1] in self._channels:
                     out[self._channels[reply[1]]] = reply[2]
                 wait = 0
-        except redis.RedisError:
+        except redis.RedisError as exc:
             self.close()
+            if moved(exc):
+                self._nodes.forget()
         return out
 
     def close(self) -> None:
@@ -262,12 +308,12 @@ class AppliedWatch:
     pull anyway), and polling the `applied` keys every millisecond four or five round trips a
     push."""
 
-    def __init__(self, client: redis.Redis, job: str, shards: int, trainer_id: str) -> None:
-        self._redis = client
+    def __init__(self, client: Client, job: str, shards: int, trainer_id: str) -> None:
+        self._nodes = ShardNodes(client, job)
         self._keys = RedisKeys(job)
         self._trainer_id = trainer_id
         self._shards = range(shards)
-        self._watch = ChannelWatch(client, {self._keys.published(s, trainer_id): s for s in self._shards})
+        self._watch = ChannelWatch(self._nodes, {self._keys.published(s, trainer_id): s for s in self._shards})
 
     def wait(self, timeout_s: float) -> dict[int, dict[str, int]]:
         """{shard: {trainer id: newest step}} of the rounds announced since the last call,
@@ -277,50 +323,85 @@ class AppliedWatch:
         heard = self._watch.wait(timeout_s)
         if heard:
             return {shard: {self._trainer_id: int(step)} for shard, step in heard.items()}
-        raw = self._redis.mget([self._keys.applied(s) for s in self._shards])
-        return {s: AppliedSteps.from_json(v).steps for s, v in zip(self._shards, raw) if v}
+        try:
+            raw = self._nodes.get_each({s: self._keys.applied(s) for s in self._shards})
+        except redis.RedisError:
+            # Redis away, or a cluster's node failing over: nothing heard this time; the
+            # caller bounds how long it waits on.
+            time.sleep(timeout_s)
+            return {}
+        return {s: AppliedSteps.from_json(v).steps for s, v in raw.items() if v}
 
     def close(self) -> None:
         self._watch.close()
 
 
 class PendingPull:
-    """A pull on the wire. Its connection stays out of the pool until `result` reads the
-    replies or `cancel` drops them (a half-read reply stream must never be reused)."""
+    """A pull on the wire: its transactions written to the nodes holding its shards, the
+    replies read by `result`. A connection stays out of its pool until then, or `cancel`
+    (a half-read reply stream must never be reused).
 
-    def __init__(self, client: ParamClient, pool: redis.ConnectionPool, conn, shards: list[int],
-                 rows: dict[str, tuple[np.ndarray, int]], blocks: list[tuple[str, int]],
-                 rounds: dict[int, bytes]) -> None:
+    A node that does not answer, or says a shard's keys moved, makes the pull raise
+    ParamsUnavailableError after the cluster's slots are read again, so the caller's retry
+    goes to the right node."""
+
+    def __init__(self, client: ParamClient, rows: dict[str, tuple[np.ndarray, int]], blocks: list[tuple[str, int]],
+                 rounds: dict[int, bytes], rounds_count: int, reads: list[_ShardRead]) -> None:
         self._client = client
-        self._pool = pool
-        self._conn = conn
-        self._shards = shards
         self._rows = rows
         self._blocks = blocks
-        self._rounds = rounds
+        self._reads = reads
+        self._sent: list[tuple[redis.ConnectionPool, object, list[tuple[_ShardRead, int]]]] = []
+        try:
+            for node, shards in client.nodes.by_node([r.shard for r in reads]):
+                pool = node.connection_pool
+                conn = pool.get_connection()
+                self._sent.append((pool, conn, []))
+                packed = []
+                for read in (r for r in reads if r.shard in shards):
+                    request, queued = client._request(conn, read, rows, blocks, rounds, rounds_count)
+                    packed.append(request)
+                    self._sent[-1][2].append((read, queued))
+                # One write a node: redis-py writes each piece with its own sendall.
+                conn.send_packed_command([b"".join(packed)])
+        except BaseException as exc:
+            self._drop()
+            raise self._unavailable(exc) from exc
 
     def result(self) -> Pull:
         """As `ParamClient.pull`. Raises ParamsUnavailableError like it."""
-        conn, self._conn = self._conn, None
-        if conn is None:
+        if not self._sent:
             raise RuntimeError("this pull was already read or cancelled")
+        replies: dict[int, list] = {}
         try:
-            # MULTI's OK, a QUEUED per command, then EXEC's array of the replies.
-            for _ in range(2 + len(self._rows) + bool(self._blocks) + bool(self._rounds)):
-                conn.read_response()
-            replies = conn.read_response()
-        except BaseException:
-            conn.disconnect()
-            raise
-        finally:
-            self._pool.release(conn)
-        return self._client._decode(self._shards, self._rows, self._blocks, self._rounds, replies)
+            for _, conn, reads in self._sent:
+                for read, queued in reads:
+                    # MULTI's OK, a QUEUED per command, then EXEC's array of the replies.
+                    for _ in range(1 + queued):
+                        conn.read_response()
+                    replies[read.shard] = conn.read_response()
+        except BaseException as exc:
+            self._drop()
+            raise self._unavailable(exc) from exc
+        for pool, conn, _ in self._sent:
+            pool.release(conn)
+        self._sent = []
+        return self._client._decode(self._rows, self._blocks, self._reads, [replies[r.shard] for r in self._reads])
 
     def cancel(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
+        self._drop()
+
+    def _drop(self) -> None:
+        for pool, conn, _ in self._sent:
             conn.disconnect()
-            self._pool.release(conn)
+            pool.release(conn)
+        self._sent = []
+
+    def _unavailable(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, redis.RedisError) and moved(exc):
+            self._client.nodes.forget()
+            return ParamsUnavailableError([r.shard for r in self._reads], retry_after=0.2)
+        return exc
 
 
 def _flushed(raw: bytes | None) -> FlushMark | None:

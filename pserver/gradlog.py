@@ -16,17 +16,13 @@ from typing import TypeVar
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from streamtrain.infra import Endpoints
-from streamtrain.infra.clients import TopicSpec, ensure_topics
-from streamtrain.jobstate.config import KafkaSection
+from streamtrain.jobstate.config import JobConfig
 from streamtrain.jobstate.offsets import Bounds, InputOffsets, InputUnavailableError
+from streamtrain.jobstate.topics import dlq_spec, ensure_job_topics, grad_spec
 from streamtrain.pserver.state import BadDeltaError
 from streamtrain.schemas import DeadLetter, GradientDelta, SchemaError, Topics
 
 log = logging.getLogger(__name__)
-
-# Gradient topics must keep everything since the oldest kept checkpoint; a week leaves room
-# for a shard that cannot checkpoint for days (its storage down) without losing updates.
-GRAD_RETENTION_MS = 7 * 24 * 3600 * 1000
 
 T = TypeVar("T")
 
@@ -35,18 +31,14 @@ class GradientLog:
     """Reads shard `shard`'s gradient topic from `next_offset` on; `bad` counts the records
     dead-lettered."""
 
-    def __init__(self, endpoints: Endpoints, job: str, shard: int, kafka: KafkaSection = KafkaSection()) -> None:
+    def __init__(self, endpoints: Endpoints, config: JobConfig, shard: int) -> None:
+        job = config.name
         topics = Topics(job)
         self.job, self.shard = job, shard
         self.topic, self.dlq_topic = topics.grad(shard), topics.dlq
         self.next_offset = 0  # every record before it has been handed on or dead-lettered
         self.bad = 0
-        ensure_topics(endpoints, [
-            TopicSpec(self.topic, 1, {"retention.ms": str(GRAD_RETENTION_MS)}),
-            # Keyed by the bad record's position, so compaction keeps one entry per record even
-            # when a replay dead-letters it again.
-            TopicSpec(self.dlq_topic, 1, {"cleanup.policy": "compact"}),
-        ], replication_factor=kafka.replication_factor, min_insync_replicas=kafka.min_insync_replicas)
+        ensure_job_topics(endpoints, config, [grad_spec(job, shard), dlq_spec(job)])
         self._admin = InputOffsets(endpoints)
         self._consumer = Consumer({
             "bootstrap.servers": endpoints.kafka,

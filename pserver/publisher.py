@@ -16,6 +16,7 @@ import redis
 
 from streamtrain.jobstate import resp
 from streamtrain.jobstate.paramstore import ROUNDS_FIELD, ROUNDS_KEPT, stream_id
+from streamtrain.jobstate.redisnodes import Client, ShardNodes, moved
 from streamtrain.pserver.state import Changes, ShardState
 from streamtrain.schemas import (AppliedSteps, FlushMark, ParamBlock, PublishedRound, RedisKeys, RoundRows,
                                 encode_rows_matrix)
@@ -57,8 +58,10 @@ class Snapshot:
 
 
 class Publisher:
-    def __init__(self, client: redis.Redis, job: str, shard: int) -> None:
-        self._redis = client
+    def __init__(self, client: Client, job: str, shard: int) -> None:
+        """`client`: a single Redis's or a Redis Cluster's; every key of the shard is on one
+        node (schemas.RedisKeys), which gets the shard's writes (jobstate/redisnodes.py)."""
+        self._nodes = ShardNodes(client, job)
         self._keys = RedisKeys(job)
         self.shard = shard
         # The rounds stream's epoch and the last round of it sent; `send(..., reset=True)`
@@ -73,8 +76,9 @@ class Publisher:
         self._flush_round = 0  # the round of the last flush
 
     @property
-    def client(self) -> redis.Redis:
-        return self._redis
+    def node(self) -> redis.Redis:
+        """The client of the node holding this shard's keys."""
+        return self._nodes.node(self.shard)
 
     @property
     def unflushed_rows(self) -> int:
@@ -124,17 +128,18 @@ class Publisher:
         chunks: list[bytes] = []
         rows = 0
         for table, ids, values in snapshot.keys:
-            prefix = self._keys.row(table, 0)[:-1].encode()
+            prefix = self._keys.row_prefix(self.shard, table).encode()
             encoded = encode_rows_matrix(values)
             for i in range(0, len(ids), _CHUNK):
                 chunks.append(resp.mset(prefix, ids[i:i + _CHUNK], encoded[i:i + _CHUNK]))
                 rows += 1
         chunks.append(resp.command(b"MULTI"))
         queued = 1  # the INCR
-        conn = self._redis.connection_pool.get_connection()
+        pool = self.node.connection_pool
+        conn = pool.get_connection()
         try:
             for param, block, values in snapshot.blocks:
-                chunks += conn.pack_command("SET", self._keys.dense(param, block),
+                chunks += conn.pack_command("SET", self._keys.dense(self.shard, param, block),
                                             ParamBlock(param, block, 0, values).to_bytes())
                 queued += 1
             if applied is not None:
@@ -171,16 +176,18 @@ class Publisher:
             if failed:
                 raise failed[0]
             return int(results[-1])
-        except BaseException:
+        except BaseException as exc:
             conn.disconnect()  # a half-read reply stream must not go back to the pool
+            if isinstance(exc, redis.RedisError) and moved(exc):
+                self._nodes.forget()
             raise
         finally:
-            self._redis.connection_pool.release(conn)
+            pool.release(conn)
 
     def send_steps(self, document: bytes) -> None:
         """The barrier's steps document (sync and bounded SGD) to its key, and to the trainers
         waiting on its channel."""
-        pipe = self._redis.pipeline(transaction=False)
+        pipe = self.node.pipeline(transaction=False)
         pipe.set(self._keys.steps(self.shard), document)
         pipe.publish(self._keys.steps_written(self.shard), document)
         pipe.execute()
@@ -215,17 +222,22 @@ class Publisher:
                        blocks=set(state.dense))
 
     def unpublish_rows(self, table: str, ids: np.ndarray) -> None:
-        keys = self._keys.rows(table, ids)
+        keys = self._keys.rows(self.shard, table, ids)
         for i in range(0, len(keys), _CHUNK):
-            self._redis.unlink(*keys[i:i + _CHUNK])
+            self.node.unlink(*keys[i:i + _CHUNK])
 
     def unpublish_blocks(self, blocks: Iterable[tuple[str, int]]) -> None:
-        keys = [self._keys.dense(p, b) for p, b in blocks]
+        keys = [self._keys.dense(self.shard, p, b) for p, b in blocks]
         if keys:
-            self._redis.unlink(*keys)
+            self.node.unlink(*keys)
 
     def published(self) -> bool:
-        return bool(self._redis.exists(self._keys.version(self.shard)))
+        try:
+            return bool(self.node.exists(self._keys.version(self.shard)))
+        except redis.RedisError as exc:
+            if moved(exc):
+                self._nodes.forget()
+            raise
 
 
 def _gather(state: ShardState, rows: Mapping[str, np.ndarray]) -> list[tuple[str, np.ndarray, np.ndarray]]:

@@ -125,14 +125,20 @@ class BackgroundPublisher:
         self.round(flush=True)  # the keys current: readers of the keys alone come after
 
     def _run(self) -> None:
+        failing = False
         while not self._stop.is_set():
             self._wake.wait(self.interval_s)
             self._wake.clear()
             try:
                 self.round()
+                if failing:
+                    log.info("shard %d: publishing again", self.publisher.shard)
+                failing = False
             except redis.RedisError as exc:
-                log.warning("shard %d: publishing failed (%s); republishing everything next round",
-                            self.publisher.shard, exc)
+                if not failing:  # once, not every round until Redis (or a cluster's node) is back
+                    log.warning("shard %d: publishing failed (%s); republishing everything once it can",
+                                self.publisher.shard, exc)
+                failing = True
                 self._everything = True
             except BaseException as exc:  # surfaced by the serving loop, which stops the shard
                 self.error = exc

@@ -123,7 +123,7 @@ class PserverShard:
         self.metrics = PserverMetrics.for_shard(config.name, index)
         # Sync mode waits at a step barrier; bounded mode only reports trainers' steps.
         self.barrier = StepBarrier(sync=config.train.sgd == "sync")
-        self.grads = GradientLog(self.endpoints, config.name, index, config.kafka)
+        self.grads = GradientLog(self.endpoints, config, index)
         slots_entry = self.etcd.get(self.keys.slots)
         if slots_entry is None:
             raise MasterError(f"job {config.name!r} has no slot map in etcd: start its master first")

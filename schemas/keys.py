@@ -161,8 +161,14 @@ class EtcdKeys:
 
 @dataclass(frozen=True)
 class RedisKeys:
-    """The keys under ``st:<job>:``. Ids and blocks are decimal and always last, so a param or
-    table name containing ':' still splits unambiguously from the right.
+    """A job's keys and channels in Redis, every one a shard's, under ``st:{<job>:<shard>}:``.
+
+    The braces are a Redis Cluster hash tag: all of a shard's keys (its rows, blocks, rounds
+    stream, applied steps, flush mark, version) hash to one slot, so a shard's publish is one
+    single-slot transaction and a pull one transaction per shard, on whichever node holds it.
+    On a single Redis the braces are only part of the name. Ids and blocks are decimal and
+    always last, so a param or table name containing ':' still splits unambiguously from the
+    right.
 
     Raises: SchemaError for a bad job name, or an empty name or out-of-range id.
     """
@@ -172,66 +178,72 @@ class RedisKeys:
     def __post_init__(self) -> None:
         validate_job_name(self.job)
 
+    def prefix(self, shard: int) -> str:
+        """Every key of `shard` starts with this; its hash tag is the job and the shard."""
+        return f"st:{{{self.job}:{_redis_check.integer('shard', shard, hi=U32_MAX)}}}:"
+
     @property
-    def prefix(self) -> str:
-        return f"st:{self.job}:"
+    def pattern(self) -> str:
+        """A SCAN pattern matching every key of the job (and no other job's)."""
+        return f"st:{{{self.job}:*"
 
-    def dense(self, param: str, block: int) -> str:
+    def dense(self, shard: int, param: str, block: int) -> str:
         param = _redis_check.name("param", param)
-        return f"{self.prefix}dense:{param}:{_redis_check.integer('block', block, hi=U32_MAX)}"
+        return f"{self.prefix(shard)}dense:{param}:{_redis_check.integer('block', block, hi=U32_MAX)}"
 
-    def row(self, table: str, row_id: int) -> str:
-        return f"{self._row_prefix(table)}{_redis_check.integer('id', row_id, hi=U64_MAX)}"
+    def row(self, shard: int, table: str, row_id: int) -> str:
+        return f"{self.row_prefix(shard, table)}{_redis_check.integer('id', row_id, hi=U64_MAX)}"
 
-    def rows(self, table: str, ids: np.ndarray) -> list[str]:
-        """``row(table, id)`` for each id, in order; validated as one array, formatted in C loops."""
+    def rows(self, shard: int, table: str, ids: np.ndarray) -> list[str]:
+        """``row(shard, table, id)`` for each id, in order; validated as one array, formatted
+        in C loops."""
         if not isinstance(ids, np.ndarray) or ids.dtype.kind not in "iu" or ids.ndim != 1:
             raise _redis_check.error("ids", "expected a 1-D integer numpy array")
         if ids.dtype.kind == "i" and ids.size and ids.min() < 0:
             raise _redis_check.error(f"ids[{int(np.argmax(ids < 0))}]", "negative id")
-        return list(map(self._row_prefix(table).__add__, map(str, ids.tolist())))
+        return list(map(self.row_prefix(shard, table).__add__, map(str, ids.tolist())))
+
+    def row_prefix(self, shard: int, table: str) -> str:
+        """A row's key without its id."""
+        return f"{self.prefix(shard)}row:{_redis_check.name('table', table)}:"
 
     def version(self, shard: int) -> str:
-        return f"{self.prefix}version:{_redis_check.integer('shard', shard, hi=U32_MAX)}"
+        return f"{self.prefix(shard)}version"
 
     def steps(self, shard: int) -> str:
         """Sync/bounded SGD: {"next": first step not yet released, "trainers": {id: newest step}}."""
-        return f"{self.prefix}steps:{_redis_check.integer('shard', shard, hi=U32_MAX)}"
+        return f"{self.prefix(shard)}steps"
 
     def steps_written(self, shard: int) -> str:
         """A pub/sub channel: the shard's `steps` document each time it is written, so a
         trainer waiting at the sync or bounded gate wakes when it changes instead of polling."""
-        return f"{self.prefix}steps-written:{_redis_check.integer('shard', shard, hi=U32_MAX)}"
+        return f"{self.prefix(shard)}steps-written"
 
     def applied(self, shard: int) -> str:
         """Per trainer, the newest step of it this shard has applied (or dropped as a
         duplicate) and published (`AppliedSteps`). Written with the values it describes, so a
         trainer can tell which of its own pushes a pull already includes."""
-        return f"{self.prefix}applied:{_redis_check.integer('shard', shard, hi=U32_MAX)}"
+        return f"{self.prefix(shard)}applied"
 
     def published(self, shard: int, trainer_id: str) -> str:
         """A pub/sub channel: each publish round that carries a newer step of `trainer_id`
         than the round before sends the step here, so that trainer, waiting for its pushes,
         wakes when one is published instead of polling `applied(shard)`."""
-        return (f"{self.prefix}published:{_redis_check.integer('shard', shard, hi=U32_MAX)}:"
-                f"{_redis_check.text('trainer_id', trainer_id)}")
+        return f"{self.prefix(shard)}published:{_redis_check.text('trainer_id', trainer_id)}"
 
     def rounds(self, shard: int) -> str:
         """A stream of the shard's publish rounds (`PublishedRound`, field ``r``), newest few
         hundred kept: trainers follow it to keep the rows they hold current."""
-        return f"{self.prefix}rounds:{_redis_check.integer('shard', shard, hi=U32_MAX)}"
+        return f"{self.prefix(shard)}rounds"
 
     def flushed(self, shard: int) -> str:
         """The round of the shard's last flush of its row keys: its stream id in `rounds` and
         its epoch (`FlushMark`)."""
-        return f"{self.prefix}flushed:{_redis_check.integer('shard', shard, hi=U32_MAX)}"
+        return f"{self.prefix(shard)}flushed"
 
     def stats(self, shard: int) -> str:
         """A shard's counters (`ShardStats`: applied, dropped duplicates, bad deltas, examples)."""
-        return f"{self.prefix}stats:{_redis_check.integer('shard', shard, hi=U32_MAX)}"
-
-    def _row_prefix(self, table: str) -> str:
-        return f"{self.prefix}row:{_redis_check.name('table', table)}:"
+        return f"{self.prefix(shard)}stats"
 
 
 @dataclass(frozen=True)

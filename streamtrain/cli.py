@@ -40,21 +40,20 @@ HomeOpt = Annotated[
 
 
 def _services(home: Path | None, port_base: int | None = None, registry: bool = False,
-              etcd_members: int | None = None, kafka_brokers: int | None = None) -> LocalServices:
+              etcd_members: int | None = None, kafka_brokers: int | None = None,
+              redis_cluster: int | None = None) -> LocalServices:
     home = home or state_home()
     ports = Ports.from_base(port_base) if port_base is not None else None
-    if etcd_members is not None or kafka_brokers is not None:
-        ports = ports or recorded_ports(home) or Ports.default()
-    try:
-        if etcd_members is not None:
-            ports = ports.with_etcd_members(etcd_members)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--etcd-members") from exc
-    try:
-        if kafka_brokers is not None:
-            ports = ports.with_kafka_brokers(kafka_brokers)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--kafka-brokers") from exc
+    sizes = [("--etcd-members", etcd_members, Ports.with_etcd_members),
+             ("--kafka-brokers", kafka_brokers, Ports.with_kafka_brokers),
+             ("--redis-cluster", redis_cluster, Ports.with_redis_cluster)]
+    for hint, size, sized in sizes:
+        if size is not None:
+            ports = ports or recorded_ports(home) or Ports.default()
+            try:
+                ports = sized(ports, size)
+            except ValueError as exc:
+                raise typer.BadParameter(str(exc), param_hint=hint) from exc
     return LocalServices(home, ports, registry=registry)
 
 
@@ -73,10 +72,14 @@ def up(
     kafka_brokers: Annotated[Optional[int], typer.Option(
         "--kafka-brokers", help="Run Kafka as a cluster of this many brokers (the others on BASE+10/11, "
         "BASE+20/21, ...) [default: as the last `up`, else 1].", show_default=False)] = None,
+    redis_cluster: Annotated[Optional[int], typer.Option(
+        "--redis-cluster", help="Run Redis as a Redis Cluster of this many masters, 3 to 5, each with a "
+        "replica (the other nodes on BASE+14, BASE+24, ...); 0: a single Redis [default: as the last `up`, "
+        "else 0].", show_default=False)] = None,
 ) -> None:
     """Start local Kafka, etcd and Redis (those not already running), and a schema registry
     when asked; wait until healthy."""
-    services = _services(home, port_base, registry, etcd_members, kafka_brokers)
+    services = _services(home, port_base, registry, etcd_members, kafka_brokers, redis_cluster)
     try:
         started = services.up()
     except InfraError as exc:

@@ -73,6 +73,7 @@ class JobMonitor:
         from streamtrain.infra.clients import redis_client
         from streamtrain.jobstate.etcd import Etcd
         from streamtrain.jobstate.offsets import InputOffsets
+        from streamtrain.jobstate.redisnodes import ShardNodes
         from streamtrain.schemas import RedisKeys, Topics
 
         self.job = job
@@ -80,7 +81,8 @@ class JobMonitor:
         self.etcd = Etcd.connect(endpoints)
         self.offsets = InputOffsets(endpoints)
         self.redis = redis_client(endpoints)
-        self.stats_keys = [RedisKeys(job).stats(i) for i in range(pservers)]
+        self.nodes = ShardNodes(self.redis, job)
+        self.stats_keys = {i: RedisKeys(job).stats(i) for i in range(pservers)}
         self.consumer = Consumer({
             "bootstrap.servers": endpoints.kafka, "group.id": f"{job}.demo-view",
             "enable.auto.commit": False, "isolation.level": "read_committed",
@@ -140,8 +142,8 @@ class JobMonitor:
         except Exception as exc:  # noqa: BLE001
             snap.errors.append(f"metrics: {exc}")
         try:
-            raw = self.redis.mget(self.stats_keys)
-            snap.shards = [ShardStats.from_json(r) if r else None for r in raw]
+            raw = self.nodes.get_each(self.stats_keys)
+            snap.shards = [ShardStats.from_json(raw[i]) if raw[i] else None for i in self.stats_keys]
             applied = [s.examples for s in snap.shards if s is not None]
             snap.applied = min(applied) if applied and len(applied) == len(snap.shards) else None
         except Exception as exc:  # noqa: BLE001

@@ -93,9 +93,8 @@ class LocalJob:
     def start(self) -> LocalJob:
         """Start the master, the shards and the trainers. Raises InfraError if a service is
         not reachable."""
-        from streamtrain.infra.clients import TopicSpec, ensure_topics
+        from streamtrain.jobstate.topics import ensure_job_topics, metrics_spec
         from streamtrain.live import JobMonitor
-        from streamtrain.schemas import Topics
 
         if self.supervisor is not None:
             raise LocalJobError(f"LocalJob {self.name!r} already started")
@@ -105,9 +104,7 @@ class LocalJob:
             self.job_file = self.log_dir / f"{self.name}.job.json"
             self.job_file.write_bytes(self.config.to_json())
         # The metrics topic as trainers would create it, so the status can be read from the start.
-        kafka = self.config.kafka
-        ensure_topics(self.endpoints, [TopicSpec(Topics(self.name).metrics)],
-                      replication_factor=kafka.replication_factor, min_insync_replicas=kafka.min_insync_replicas)
+        ensure_job_topics(self.endpoints, self.config, [metrics_spec(self.name)])
         self.supervisor = Supervisor(self.endpoints.env(), self.log_dir)
         self.supervisor.add("master", ["master", "--job", str(self.job_file)])
         for i in range(self.config.pservers.count):

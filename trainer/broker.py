@@ -10,9 +10,8 @@ something else in the broker's place: a test's producer that fails a commit, say
 from __future__ import annotations
 
 from streamtrain.infra import Endpoints
-from streamtrain.infra.clients import TopicSpec, ensure_topics
 from streamtrain.jobstate.config import JobConfig
-from streamtrain.schemas import Topics
+from streamtrain.jobstate.topics import dlq_spec, ensure_job_topics, grad_spec, metrics_spec
 from streamtrain.trainer.delivery import Delivery
 from streamtrain.trainer.loader import LoaderSpec, RecordLoader
 
@@ -24,12 +23,10 @@ class Broker:
         self.endpoints = endpoints
 
     def ensure_topics(self, config: JobConfig, shards: int) -> None:
-        """The topics a trainer writes: metrics, dead letters (compacted), one per shard."""
-        topics = Topics(config.name)
-        specs = [TopicSpec(topics.metrics), TopicSpec(topics.dlq, 1, {"cleanup.policy": "compact"})]
-        specs += [TopicSpec(topics.grad(shard)) for shard in range(shards)]
-        ensure_topics(self.endpoints, specs, replication_factor=config.kafka.replication_factor,
-                      min_insync_replicas=config.kafka.min_insync_replicas)
+        """The topics a trainer writes: metrics, dead letters, one per shard (jobstate/topics.py)."""
+        job = config.name
+        ensure_job_topics(self.endpoints, config,
+                          [metrics_spec(job), dlq_spec(job), *(grad_spec(job, shard) for shard in range(shards))])
 
     def loader(self, config: JobConfig, trainer_id: str, fields: tuple[str, ...], dense_features: int,
                chunk_records: int) -> RecordLoader:

@@ -24,9 +24,8 @@ import logging
 import time
 from collections.abc import Callable
 
-import redis
-
 from streamtrain.jobstate.paramstore import ChannelWatch
+from streamtrain.jobstate.redisnodes import Client, ShardNodes
 from streamtrain.schemas import BarrierSteps, RedisKeys
 from streamtrain.trainer.own import OwnPushes
 
@@ -34,12 +33,12 @@ log = logging.getLogger(__name__)
 
 
 class StepGate:
-    def __init__(self, client: redis.Redis, job: str, shards: int, mode: str, staleness: int,
+    def __init__(self, client: Client, job: str, shards: int, mode: str, staleness: int,
                  trainer_id: str, max_wait_s: float) -> None:
-        self._redis = client
+        self._nodes = ShardNodes(client, job)
         keys = RedisKeys(job)
-        self._keys = [keys.steps(s) for s in range(shards)]
-        self._written = ChannelWatch(client, {keys.steps_written(s): s for s in range(shards)})
+        self._keys = {s: keys.steps(s) for s in range(shards)}
+        self._written = ChannelWatch(self._nodes, {keys.steps_written(s): s for s in range(shards)})
         self.mode = mode
         self.staleness = staleness
         self.trainer_id = trainer_id
@@ -51,7 +50,8 @@ class StepGate:
         return self.mode in ("sync", "bounded")
 
     def _read(self) -> list[BarrierSteps]:
-        return [BarrierSteps.from_json(raw) if raw else BarrierSteps() for raw in self._redis.mget(self._keys)]
+        raw = self._nodes.get_each(self._keys)
+        return [BarrierSteps.from_json(raw[s]) if raw[s] else BarrierSteps() for s in self._keys]
 
     def first_step(self) -> int:
         """A trainer joins at the step the barrier is at, not at 0."""

@@ -13,7 +13,7 @@ from streamtrain.jobstate.paramstore import AppliedWatch, ParamClient, ParamsUna
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.pserver.publisher import Publisher, Snapshot
 from streamtrain.pserver.state import Changes, ShardState
-from streamtrain.schemas import DenseSlice, GradientDelta, SparseRows, TaskRecord
+from streamtrain.schemas import DenseSlice, GradientDelta, RedisKeys, SparseRows, TaskRecord
 from streamtrain.trainer.params import DenseLayout, ParamSync
 from streamtrain.trainer.replica import RowReplica
 
@@ -57,7 +57,7 @@ def test_after_a_flush_pulls_are_refused_until_the_shard_republishes(redis_conn,
     publisher.publish_all(state)
     client = ParamClient(redis_conn, job, slot_map)
     before = client.pull_rows("user", np.arange(10, dtype=np.uint64), 8).values
-    for key in redis_conn.scan_iter(f"st:{job}:*"):  # FLUSHALL, limited to this test's job
+    for key in redis_conn.scan_iter(RedisKeys(job).pattern):  # FLUSHALL, limited to this test's job
         redis_conn.delete(key)
     assert not publisher.published()
     with pytest.raises(ParamsUnavailableError):
@@ -155,7 +155,7 @@ def test_a_trainers_replica_follows_the_rounds_so_its_rows_are_current_before_th
     flush_all(publishers, states)
     unflushed(publishers[owner], states[owner], step(job, states[owner], owner, slot_map, probe[:1], 7))
     flushed = client.flushed([owner])[owner].at
-    redis_conn.xtrim(f"st:{job}:rounds:{owner}", minid=flushed, approximate=False)
+    redis_conn.xtrim(RedisKeys(job).rounds(owner), minid=flushed, approximate=False)
     fetch(sync, slot_map, wider)  # finds the gap, drops, reads the rows again from the keys
     got = fetch(sync, slot_map, wider)  # and the rounds after the flush
     flush_all(publishers, states)

@@ -1,7 +1,10 @@
+import fnmatch
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from redis.crc import key_slot
 
 from streamtrain.schemas import CONTROLS, TASK_STATES, EtcdKeys, RedisKeys, SchemaError, Topics, validate_job_name
 
@@ -45,24 +48,37 @@ def test_every_task_state_has_its_own_prefix():
 
 def test_redis_keys_follow_the_design_layout():
     keys = RedisKeys("ctr")
-    assert keys.dense("fc.weight", 3) == "st:ctr:dense:fc.weight:3"
-    assert keys.row("emb", 2**64 - 1) == "st:ctr:row:emb:18446744073709551615"
-    assert keys.version(1) == "st:ctr:version:1"
+    assert keys.dense(0, "fc.weight", 3) == "st:{ctr:0}:dense:fc.weight:3"
+    assert keys.row(1, "emb", 2**64 - 1) == "st:{ctr:1}:row:emb:18446744073709551615"
+    assert keys.version(1) == "st:{ctr:1}:version"
+
+
+def test_a_shards_keys_share_one_cluster_slot_and_another_shards_do_not():
+    keys = RedisKeys("ctr")
+
+    def of(shard: int) -> list[str]:
+        return [keys.dense(shard, "fc.weight", 3), keys.row(shard, "emb", 7), keys.version(shard),
+                keys.applied(shard), keys.rounds(shard), keys.flushed(shard), keys.stats(shard), keys.steps(shard)]
+
+    assert {key_slot(k.encode()) for k in of(0)} == {key_slot(b"{ctr:0}")}
+    assert {key_slot(k.encode()) for k in of(1)} == {key_slot(b"{ctr:1}")} != {key_slot(b"{ctr:0}")}
+    assert all(fnmatch.fnmatchcase(k, keys.pattern) for k in of(0) + of(1))
+    assert not fnmatch.fnmatchcase(RedisKeys("ctr2").version(0), keys.pattern)
 
 
 @FAST
 @given(st.lists(st.integers(0, 2**64 - 1), max_size=20))
 def test_rows_builds_the_same_keys_as_row(ids):
     keys = RedisKeys("ctr")
-    assert keys.rows("emb", np.array(ids, dtype=np.uint64)) == [keys.row("emb", i) for i in ids]
+    assert keys.rows(3, "emb", np.array(ids, dtype=np.uint64)) == [keys.row(3, "emb", i) for i in ids]
 
 
 def test_rows_accepts_signed_ids_and_refuses_negative_ones():
     keys = RedisKeys("ctr")
-    assert keys.rows("emb", np.array([0, 7], dtype=np.int64)) == ["st:ctr:row:emb:0", "st:ctr:row:emb:7"]
-    raises_naming("RedisKeys", "ids[1]", keys.rows, "emb", np.array([0, -7]))
-    raises_naming("RedisKeys", "ids", keys.rows, "emb", np.array([0.5]))
-    raises_naming("RedisKeys", "ids", keys.rows, "emb", [1, 2])
+    assert keys.rows(0, "emb", np.array([0, 7], dtype=np.int64)) == ["st:{ctr:0}:row:emb:0", "st:{ctr:0}:row:emb:7"]
+    raises_naming("RedisKeys", "ids[1]", keys.rows, 0, "emb", np.array([0, -7]))
+    raises_naming("RedisKeys", "ids", keys.rows, 0, "emb", np.array([0.5]))
+    raises_naming("RedisKeys", "ids", keys.rows, 0, "emb", [1, 2])
 
 
 def test_topics_follow_the_design_layout():
@@ -75,7 +91,7 @@ def test_topics_follow_the_design_layout():
 def test_valid_job_names_are_accepted_everywhere(name):
     assert validate_job_name(name) == name
     assert EtcdKeys(name).prefix == f"/streamtrain/{name}/"
-    assert RedisKeys(name).prefix == f"st:{name}:"
+    assert RedisKeys(name).prefix(2) == f"st:{{{name}:2}}:"
     assert len(Topics(name).grad(2**32 - 1)) <= 249
 
 
@@ -109,10 +125,11 @@ def test_bad_etcd_key_parts_raise_schema_error(call, field):
 @pytest.mark.parametrize(
     "call, field",
     [
-        (lambda k: k.dense("", 0), "param"),
-        (lambda k: k.dense("w", -1), "block"),
-        (lambda k: k.row("emb", 2**64), "id"),
-        (lambda k: k.row("", 1), "table"),
+        (lambda k: k.dense(0, "", 0), "param"),
+        (lambda k: k.dense(0, "w", -1), "block"),
+        (lambda k: k.row(0, "emb", 2**64), "id"),
+        (lambda k: k.row(0, "", 1), "table"),
+        (lambda k: k.row(-1, "emb", 1), "shard"),
         (lambda k: k.version(True), "shard"),
     ],
 )
