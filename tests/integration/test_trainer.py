@@ -77,8 +77,15 @@ def write_examples(services: Endpoints, topic: str, values: list[bytes], partiti
     for i, value in enumerate(values):
         producer.produce(topic, value, partition=i % partitions)
         counts[i % partitions] += 1
-    producer.flush(30)
+    assert producer.flush(60) == 0, f"records to {topic} left undelivered"
     return counts
+
+
+def all_done(snapshot, written: dict[int, int]) -> bool:
+    """A job's metrics count every example written once and its queue holds no task (one a
+    fault put back, trained again and dropped by the ledgers, included)."""
+    return (snapshot.examples == sum(written.values())
+            and snapshot.queues.get("todo") == 0 and snapshot.queues.get("pending") == 0)
 
 
 def make_job(name: str, topic: str, tmp_path: Path, **train):
