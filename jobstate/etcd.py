@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 import pyetcd
@@ -35,6 +36,7 @@ class Entry:
 
 Compare = tx.BaseCompare
 Op = tx.Put | tx.Delete | tx.Get | tx.Txn
+T = TypeVar("T")
 
 
 @contextmanager
@@ -57,6 +59,22 @@ class Etcd:
     def __init__(self, client: pyetcd.Etcd3Client) -> None:
         self._client = client
         self._leases: weakref.WeakSet[Lease] = weakref.WeakSet()
+        self._members = len(getattr(client, "endpoints", None) or {}) or 1
+
+    def _read(self, what: str, call: Callable[[], T]) -> T:
+        """A read, tried on the next member while members refuse the connection. The client
+        moves on after a member fails but raises (infra/clients.py); a caller that reads once,
+        as the CLI and a scorer do, was failed by one dead member of a cluster. Reads change
+        nothing, so trying them again is safe; writes are not retried here (a transaction that
+        reached a member before it died may have applied)."""
+        for attempt in range(self._members):
+            try:
+                with _translated(what):
+                    return call()
+            except CoordinationError as exc:
+                if attempt + 1 == self._members or not isinstance(exc.__cause__, etcd_exc.ConnectionFailedError):
+                    raise
+        raise AssertionError("unreachable")
 
     @classmethod
     def connect(cls, endpoints: Endpoints, timeout: float = 10.0) -> Etcd:
@@ -71,8 +89,7 @@ class Etcd:
 
     # -- reads ---------------------------------------------------------------------------
     def get(self, key: str) -> Entry | None:
-        with _translated(f"get {key}"):
-            value, meta = self._client.get(key)
+        value, meta = self._read(f"get {key}", lambda: self._client.get(key))
         return None if meta is None else _entry(meta, value)
 
     def range(self, prefix: str, limit: int | None = None, oldest_first: bool = False,
@@ -83,24 +100,21 @@ class Etcd:
             kwargs["limit"] = limit
         if oldest_first:
             kwargs.update(sort_order="ascend", sort_target="create")
-        with _translated(f"range {prefix}"):
-            return [_entry(meta, value) for value, meta in self._client.get_prefix(prefix, **kwargs)]
+        return self._read(f"range {prefix}", lambda: [
+            _entry(meta, value) for value, meta in self._client.get_prefix(prefix, **kwargs)])
 
     def count(self, prefix: str) -> int:
-        with _translated(f"count {prefix}"):
-            return self._client.get_prefix_response(prefix, count_only=True).count
+        return self._read(f"count {prefix}", lambda: self._client.get_prefix_response(prefix, count_only=True).count)
 
     def ranges(self, prefixes: Sequence[str]) -> list[list[Entry]]:
         """Several prefixes read in one round trip (a read-only transaction: one revision)."""
         ops = [tx.Get(p, pyetcd.utils.prefix_range_end(p.encode())) for p in prefixes]
-        with _translated("multi-range"):
-            _, responses = self._client.transaction(compare=[], success=ops, failure=[])
+        _, responses = self._read("multi-range", lambda: self._client.transaction(compare=[], success=ops, failure=[]))
         return [[_entry(meta, value) for value, meta in resp] for resp in responses]
 
     def revision(self) -> int:
         """The store's current revision."""
-        with _translated("revision"):
-            return self._client.get_response("/", count_only=True).header.revision
+        return self._read("revision", lambda: self._client.get_response("/", count_only=True).header.revision)
 
     def compact(self, revision: int) -> None:
         """Drop history (superseded values and tombstones) below `revision`."""

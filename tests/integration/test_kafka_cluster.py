@@ -57,7 +57,7 @@ def test_a_job_goes_on_through_a_brokers_death(services, kafka_cluster, redis_co
         grads = [Topics(config.name).grad(s) for s in range(2)]
         replicas = _replicas(endpoints, [topic, *grads])
         assert all(r == (3, 2) for r in replicas.values()), replicas
-        busiest = _leaders(endpoints, [topic, *grads]).most_common(1)[0][0]
+        busiest = partition_leaders(endpoints, [topic, *grads]).most_common(1)[0][0]
         victim = kafka_cluster.servers["kafka" if busiest == 1 else f"kafka-{busiest - 1}"]
         os.kill(victim.pid(), signal.SIGKILL)
         more = write_examples(endpoints, topic, examples[20_000:], 2)  # through the leaders left
@@ -74,7 +74,7 @@ def test_a_job_goes_on_through_a_brokers_death(services, kafka_cluster, redis_co
         LocalServices(kafka_cluster.home, replace(kafka_cluster.ports, kafka_more=())).up()
 
 
-def _leaders(endpoints, topics: list[str]) -> Counter[int]:
+def partition_leaders(endpoints, topics: list[str]) -> Counter[int]:
     """Partitions led, by node id."""
     found = kafka_admin(endpoints).list_topics(timeout=10).topics
     return Counter(p.leader for t in topics for p in found[t].partitions.values())

@@ -70,7 +70,7 @@ def test_a_job_goes_on_through_a_redis_masters_death(services, redis_cluster, un
             os.kill(victim.pid(), signal.SIGKILL)
             more = write_examples(endpoints, topic, [e.to_json() for e in train[20_000:]], 2)
             written = {p: first[p] + more[p] for p in first}
-            wait_for(lambda: _serving(client, keys.version(0)) != port, 30,
+            wait_for(lambda: serving_port(client, keys.version(0)) != port, 30,
                      "shard 0's slot served by the promoted replica", interval=0.5)
             wait_for(lambda: applied_exactly(client, config.name, written, topic), 240, "every example applied once")
             wait_for(lambda: all_done(job.status(), written), 60, "each task's metrics once, no task left")
@@ -96,7 +96,7 @@ def test_a_job_goes_on_through_a_redis_masters_death(services, redis_cluster, un
         LocalServices(redis_cluster.home, replace(redis_cluster.ports, redis_cluster=())).up()
 
 
-def _serving(client, key: str) -> int | None:
+def serving_port(client, key: str) -> int | None:
     """The port of the master serving `key` as the cluster says now (None: no node answered)."""
     try:
         client.nodes_manager.initialize()

@@ -77,3 +77,23 @@ def test_a_failed_etcd_member_is_left_for_the_next_even_after_its_retry_interval
             endpoint.last_failed = 0  # its retry interval passed, as for a caller polling slowly
     assert sorted(tried) == ["127.0.0.1:11", "127.0.0.1:13", "127.0.0.1:9"]
     client.close()
+
+
+def test_a_read_tries_every_member_once_before_it_fails() -> None:
+    from streamtrain.infra import Endpoints
+    from streamtrain.infra.clients import etcd_client
+    from streamtrain.jobstate.errors import CoordinationError
+    from streamtrain.jobstate.etcd import Etcd
+
+    # Nothing listens on these ports: a one-shot reader (the CLI, a scorer) must not be failed
+    # by the first dead member while others may be up, so the read goes round them all.
+    client = etcd_client(Endpoints("k:9092", "127.0.0.1:9,127.0.0.1:11,127.0.0.1:13", "redis://r:6379/0"),
+                         timeout=2.0)
+    tried = []
+    fetch = client.get
+    client.get = lambda key: (tried.append(client._current_endpoint_label), fetch(key))[1]
+    etcd = Etcd(client)
+    with pytest.raises(CoordinationError, match="get /k"):
+        etcd.get("/k")
+    assert sorted(tried) == ["127.0.0.1:11", "127.0.0.1:13", "127.0.0.1:9"]
+    etcd.close()
