@@ -5,9 +5,9 @@ each shard's barrier has got.
 |---|---|---|---|
 | `JobState` | etcd `state` | the master, after a bounded job's last pass | the master, `status`, `LocalJob` |
 | `Holder` | etcd `master/lock`, `trainers/<id>`, `ps/<i>` (each under its lease) | the master, each trainer, each shard | `status`, the master, a successor taking over a dead holder's key |
-| `BarrierSteps` | Redis `steps:<i>`, and the channel `steps-written:<i>` | shard i's publisher (sync and bounded) | trainers waiting after a push |
-| `AppliedSteps` | Redis `applied:<i>`, in each publish round's transaction with the values | shard i's publisher | trainers, with every pull |
-| `ShardStats` | Redis `stats:<i>`, every housekeeping pass (about a second) | shard i | the live view and `LocalJob.status`, benches, tests |
+| `BarrierSteps` | Redis `st:{<job>:<i>}:steps`, and the channel `st:{<job>:<i>}:steps-written` | shard i's publisher (sync and bounded) | trainers waiting after a push |
+| `AppliedSteps` | Redis `st:{<job>:<i>}:applied`, in each publish round's transaction with the values | shard i's publisher | trainers, with every pull |
+| `ShardStats` | Redis `st:{<job>:<i>}:stats`, every housekeeping pass (about a second) | shard i | the live view and `LocalJob.status`, benches, tests |
 | `SlotOwners` | etcd `slots` | the master, once, when the job is first started | every shard and trainer, `predict` (jobstate/sharding.py's `SlotMap`) |
 """
 
