@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from streamtrain.producers.clicklog import ClickLogError, ClickRecord, ImpressionRecord
 from streamtrain.producers.errors import ProducerError
-from streamtrain.producers.joinstate import Emit, JoinState, StateChange, Waiting
+from streamtrain.producers.joinstate import Emit, JoinState, StateChange
+from streamtrain.schemas import ClickRecord, ImpressionRecord, JoinWaiting, SchemaError
 
 log = logging.getLogger("streamtrain.joiner")
 
@@ -136,7 +136,7 @@ class Joiner:
             else:
                 record = ClickRecord.from_json(msg.value())
                 result = self.state.on_click(record.impression_id, record.event_time_ms, msg.partition())
-        except ClickLogError as exc:
+        except SchemaError as exc:
             # A long-running joiner skips what it cannot read, and says where it was.
             log.warning("skipping %s[%d]@%d: %s", tp[0], tp[1], msg.offset(), exc)
             self._dirty = True
@@ -210,7 +210,13 @@ class Joiner:
                             pending.discard(msg.partition())
                             continue
                         raise JoinerError(f"restoring from {self.config.state_topic}: {msg.error().str()}")
-                    waiting = None if msg.value() is None else Waiting.from_json(msg.value())
+                    try:
+                        waiting = None if msg.value() is None else JoinWaiting.from_json(msg.value())
+                    except SchemaError as exc:
+                        # Skipping it would label its impression or click wrongly; a record of
+                        # another version is a newer joiner's: run that one.
+                        raise JoinerError(f"restoring from {self.config.state_topic}[{msg.partition()}]"
+                                          f"@{msg.offset()}: {exc}") from exc
                     self.state.restore(msg.key().decode(), waiting)
         finally:
             reader.close()

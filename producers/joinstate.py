@@ -6,48 +6,29 @@ before its impression (they travel on different topics), so an unmatched click w
 as long as its impression could still be shown within the window; a click whose impression
 already closed (too late, or a repeat) is dropped when it expires. Every change to the waiting
 set is returned as a `StateChange`, which the joiner writes to its changelog in the same
-transaction as the outputs, so a restart rebuilds exactly this state.
+transaction as the outputs (the value a `schemas.JoinWaiting`), so a restart rebuilds exactly
+this state.
 """
 
 from __future__ import annotations
 
 import heapq
-import json
 from dataclasses import dataclass
 
-from streamtrain import schemas
-from streamtrain.producers.clicklog import ImpressionRecord
-
-
-@dataclass(frozen=True)
-class Waiting:
-    partition: int
-    impression: ImpressionRecord | None = None
-    click_ms: int | None = None  # earliest click seen
-
-    def to_json(self) -> bytes:
-        imp = None if self.impression is None else json.loads(self.impression.to_json())
-        return json.dumps({"v": 1, "p": self.partition, "imp": imp, "click_ts": self.click_ms},
-                          separators=(",", ":")).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes) -> Waiting:
-        doc = json.loads(data)
-        imp = None if doc["imp"] is None else ImpressionRecord.from_json(json.dumps(doc["imp"]))
-        return cls(doc["p"], imp, doc["click_ts"])
+from streamtrain.schemas import Example, ImpressionRecord, JoinWaiting
 
 
 @dataclass(frozen=True)
 class StateChange:
     impression_id: str
     partition: int
-    waiting: Waiting | None  # None: resolved, delete it
+    waiting: JoinWaiting | None  # None: resolved, delete it
 
 
 @dataclass(frozen=True)
 class Emit:
     impression_id: str
-    example: schemas.Example
+    example: Example
 
 
 @dataclass
@@ -61,11 +42,11 @@ class JoinState:
     def __init__(self, window_ms: int, grace_ms: int) -> None:
         self.window_ms = window_ms
         self.grace_ms = grace_ms
-        self.waiting: dict[str, Waiting] = {}
+        self.waiting: dict[str, JoinWaiting] = {}
         self._deadlines: list[tuple[int, str]] = []  # (expiry ms, id), stale entries skipped
         self.counters = JoinCounters()
 
-    def restore(self, impression_id: str, waiting: Waiting | None) -> None:
+    def restore(self, impression_id: str, waiting: JoinWaiting | None) -> None:
         """Apply one changelog record (replayed in order at assignment)."""
         if waiting is None:
             self.waiting.pop(impression_id, None)
@@ -82,7 +63,7 @@ class JoinState:
             return [], []  # a repeated impression: the first one is already waiting
         if held is not None and held.click_ms is not None:
             return self._resolve(imp.impression_id, imp, held.click_ms, partition)
-        return self._wait(imp.impression_id, Waiting(partition, imp, None))
+        return self._wait(imp.impression_id, JoinWaiting(partition, imp, None))
 
     def on_click(self, impression_id: str, click_ms: int, partition: int) -> tuple[list[Emit], list[StateChange]]:
         held = self.waiting.get(impression_id)
@@ -90,7 +71,7 @@ class JoinState:
             return self._resolve(impression_id, held.impression, click_ms, partition)
         if held is not None and held.click_ms is not None and held.click_ms <= click_ms:
             return [], []  # the earlier click is the one that counts
-        return self._wait(impression_id, Waiting(partition, None, click_ms))
+        return self._wait(impression_id, JoinWaiting(partition, None, click_ms))
 
     def expire(self, watermark_ms: int) -> tuple[list[Emit], list[StateChange]]:
         """Close everything whose time has passed: impressions get label 0, clicks are dropped."""
@@ -108,7 +89,7 @@ class JoinState:
                 emits.append(self._emit(impression_id, held.impression, 0.0))
         return emits, changes
 
-    def _wait(self, impression_id: str, waiting: Waiting) -> tuple[list[Emit], list[StateChange]]:
+    def _wait(self, impression_id: str, waiting: JoinWaiting) -> tuple[list[Emit], list[StateChange]]:
         self.restore(impression_id, waiting)
         return [], [StateChange(impression_id, waiting.partition, waiting)]
 
@@ -125,7 +106,7 @@ class JoinState:
             self.counters.negatives += 1
         return Emit(impression_id, imp.to_example(label))
 
-    def _expiry(self, waiting: Waiting) -> int:
+    def _expiry(self, waiting: JoinWaiting) -> int:
         # An unmatched click waits as long as any impression it could belong to (shown before
         # the click) can still be open: that impression closes before this does.
         ts = waiting.impression.event_time_ms if waiting.impression is not None else waiting.click_ms

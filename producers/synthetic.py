@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from streamtrain.producers.clicklog import ClickRecord, ImpressionRecord
 from streamtrain.producers.clickmodel import ClickModel, ClickModelConfig, Impression
 from streamtrain.producers.pacing import TokenBucket
 from streamtrain.producers.sink import KafkaSink
+from streamtrain.schemas import ClickRecord, ImpressionRecord
 
 # Impressions generated per model call: vectorised generation, bounded memory.
 _CHUNK = 1000

@@ -13,6 +13,7 @@ Byte-by-byte layouts: docs/schemas.md.
 """
 
 from .checkpoint import CheckpointManifest, FileEntry
+from .clicklog import ClickRecord, ImpressionRecord, JoinWaiting
 from .control import CheckpointRequest, LatestCheckpoint, PauseRequest, RollbackAck, RollbackRequest, ShardCheckpoint
 from .cursor import PartitionCursor
 from .deadletter import DeadLetter
@@ -35,6 +36,7 @@ __all__ = [
     "TASK_STATES",
     "CheckpointManifest",
     "CheckpointRequest",
+    "ClickRecord",
     "DeadLetter",
     "DenseSlice",
     "EtcdKeys",
@@ -44,8 +46,10 @@ __all__ = [
     "FlushMark",
     "GradientDelta",
     "Holder",
+    "ImpressionRecord",
     "JobRecord",
     "JobState",
+    "JoinWaiting",
     "LatestCheckpoint",
     "LedgerEntry",
     "LedgerSnapshot",

@@ -14,15 +14,25 @@ from ._check import Check
 _MISSING = object()
 
 
-def dumps(doc: dict[str, Any]) -> bytes:
-    # Compact, but still one line that etcdctl and kcat print legibly; non-ASCII stays readable.
-    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+def dumps(doc: dict[str, Any], indent: int | None = None) -> bytes:
+    """Compact, but still one line that etcdctl and kcat print legibly; non-ASCII stays readable.
+    `indent`: for a file people open in an editor (services.json) rather than a value."""
+    separators = (",", ":") if indent is None else (",", ": ")
+    return json.dumps(doc, separators=separators, indent=indent, ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
 def loads(check: Check, data: object, unversioned: bool = False) -> dict[str, Any]:
     """Parse one document and check its version; the caller pulls fields with ``field``.
     `unversioned`: a document without "v" is read as version 1 (one written before the format
     had a version)."""
+    doc = parse_object(check, data)
+    version(check, doc, unversioned)
+    return doc
+
+
+def parse_object(check: Check, data: object) -> dict[str, Any]:
+    """Parse one JSON object, whatever its keys: `loads` without the version check, for a
+    document kept whole (a job record's) or one whose version is checked where it is nested."""
     if isinstance(data, (bytes, bytearray, memoryview)):
         try:
             data = bytes(data).decode("utf-8")
@@ -42,10 +52,14 @@ def loads(check: Check, data: object, unversioned: bool = False) -> dict[str, An
         raise check.error("$", "invalid JSON: nested too deeply") from exc
     if not isinstance(doc, dict):
         raise check.error("$", f"expected a JSON object, got {type(doc).__name__}")
-    version = doc.get("v", 1) if unversioned else field(check, doc, "v")
-    if type(version) is not int or version != check.version:
-        raise check.error("v", f"unknown version {version!r}; this reader understands {check.version}")
     return doc
+
+
+def version(check: Check, doc: dict[str, Any], unversioned: bool = False) -> None:
+    """Refuse a document of a version other than `check.version` (field "v")."""
+    found = doc.get("v", 1) if unversioned else field(check, doc, "v")
+    if type(found) is not int or found != check.version:
+        raise check.error("v", f"unknown version {found!r}; this reader understands {check.version}")
 
 
 def field(check: Check, doc: dict[str, Any], key: str, default: Any = _MISSING, path: str | None = None) -> Any:

@@ -6,10 +6,10 @@ import pytest
 from topic_reader import read_topic
 
 from streamtrain import schemas
-from streamtrain.producers.clicklog import ClickRecord, ImpressionRecord
 from streamtrain.producers.clickmodel import ClickModel, ClickModelConfig
 from streamtrain.producers.sink import KafkaSink
 from streamtrain.producers.synthetic import SyntheticSource, SyntheticSourceConfig
+from streamtrain.schemas import ClickRecord, ImpressionRecord
 
 pytestmark = pytest.mark.services
 

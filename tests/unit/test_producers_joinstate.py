@@ -1,5 +1,9 @@
-from streamtrain.producers.clicklog import ImpressionRecord
-from streamtrain.producers.joinstate import JoinState, Waiting
+import json
+
+import pytest
+
+from streamtrain.producers.joinstate import JoinState
+from streamtrain.schemas import ImpressionRecord, JoinWaiting, SchemaError
 
 
 def _imp(i: str, ts: int) -> ImpressionRecord:
@@ -53,6 +57,16 @@ def test_state_rebuilt_from_the_changelog_gives_the_same_outcome():
     rebuilt = JoinState(window_ms=1000, grace_ms=0)
     for change in log:  # as the changelog stores it: JSON, last value per key wins
         rebuilt.restore(change.impression_id, None if change.waiting is None
-                        else Waiting.from_json(change.waiting.to_json()))
+                        else JoinWaiting.from_json(change.waiting.to_json()))
     assert set(rebuilt.waiting) == {"a", "c"}
     assert _labels(rebuilt.expire(10**6)[0]) == _labels(live.expire(10**6)[0]) == {"a": 0.0, "c": 0.0}
+
+
+def test_a_changelog_record_of_another_version_is_refused_naming_the_version() -> None:
+    live = JoinState(window_ms=1000, grace_ms=0)
+    (change,) = live.on_impression(_imp("a", 0), 0)[1]
+    newer = {**json.loads(change.waiting.to_json()), "v": 2}
+    with pytest.raises(SchemaError) as caught:
+        JoinWaiting.from_json(json.dumps(newer))
+    assert (caught.value.format, caught.value.field) == ("JoinWaiting", "v")
+    assert "unknown version 2" in str(caught.value)
