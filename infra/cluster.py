@@ -2,7 +2,7 @@
 always, a schema registry when asked (for topics of Avro records).
 
 Layout of the state dir (`STREAMTRAIN_HOME`, or a temp dir in tests):
-    services.json   the ports chosen by the last `up`
+    services.json   the ports chosen by the last `up` (schemas.ServicePorts)
     kafka/ etcd/ redis/ registry/   each service's data, config, log and pid file
     kafka-1/ kafka-2/ ...           the other brokers of a Kafka of several
     etcd-1/ etcd-2/ ...             the other members of an etcd of several

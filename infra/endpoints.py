@@ -6,11 +6,12 @@ services recorded by `streamtrain up` in the state dir, else the default local p
 
 from __future__ import annotations
 
-import json
 import os
 import socket
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+
+from streamtrain.schemas import ServicePorts
 
 ENV_KAFKA = "STREAMTRAIN_KAFKA"
 ENV_ETCD = "STREAMTRAIN_ETCD"
@@ -22,7 +23,7 @@ ENV_PORT_BASE = "STREAMTRAIN_PORT_BASE"
 REDIS_CLUSTER_SCHEME = "redis+cluster://"
 
 DEFAULT_PORT_BASE = 19092
-STATE_FILE = "services.json"
+STATE_FILE = "services.json"  # schemas.ServicePorts
 
 
 def state_home() -> Path:
@@ -203,21 +204,16 @@ def _strip_scheme(url: str) -> str:
 
 
 def recorded_ports(home: Path) -> Ports | None:
-    path = home / STATE_FILE
-    if not path.exists():
-        return None
-    ports = json.loads(path.read_text())["ports"]
-    ports.setdefault("registry", ports["redis"] + 1)  # recorded before the registry had a port
-    for more in ("etcd_more", "kafka_more", "redis_cluster"):
-        ports[more] = tuple(tuple(pair) for pair in ports.get(more, ()))
-    return Ports(**ports)
+    """The ports `streamtrain up` recorded in state dir `home` (schemas.ServicePorts); None if
+    it recorded none.
+
+    Raises:
+        SchemaError: the file is malformed or of an unknown version (the message names it).
+    """
+    recorded = ServicePorts.read(home / STATE_FILE)
+    return None if recorded is None else Ports(**{f.name: getattr(recorded, f.name) for f in fields(ServicePorts)})
 
 
 def record_ports(home: Path, ports: Ports) -> None:
     home.mkdir(parents=True, exist_ok=True)
-    tmp = home / (STATE_FILE + ".tmp")
-    # A single node's empty lists are left out: what older versions wrote, and can read.
-    recorded = {k: v for k, v in asdict(ports).items() if not (k in ("etcd_more", "kafka_more", "redis_cluster")
-                                                                  and not v)}
-    tmp.write_text(json.dumps({"ports": recorded}, indent=2))
-    tmp.replace(home / STATE_FILE)
+    ServicePorts(**asdict(ports)).write(home / STATE_FILE)

@@ -26,6 +26,7 @@ from .params import ParamBlock, decode_rows, encode_rows, encode_rows_matrix
 from .report import TaskReport
 from .rounds import FlushMark, PublishedRound, RoundRows
 from .saved import ExampleCounts, JobRecord, LedgerEntry, LedgerSnapshot, SavedBlock, SavedTable, StateIndex
+from .services import ServicePorts
 from .task import TaskId, TaskRecord
 
 __all__ = [
@@ -64,6 +65,7 @@ __all__ = [
     "SavedBlock",
     "SavedTable",
     "SchemaError",
+    "ServicePorts",
     "ShardCheckpoint",
     "ShardStats",
     "SlotOwners",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from streamtrain.infra.endpoints import Endpoints, Ports, record_ports, recorded_ports
+from streamtrain.schemas import SchemaError
 
 
 def test_an_etcd_of_three_members_takes_ports_ten_apart_and_is_one_endpoint_list() -> None:
@@ -64,3 +65,18 @@ def test_a_single_nodes_ports_are_recorded_as_older_versions_wrote_them(tmp_path
     record_ports(tmp_path, Ports.from_base(19092))
     assert "_more" not in (tmp_path / "services.json").read_text()
     assert recorded_ports(tmp_path) == Ports.from_base(19092)
+
+
+def test_recorded_ports_of_an_unknown_version_are_refused_naming_the_file(tmp_path) -> None:
+    record_ports(tmp_path, Ports.from_base(19092))
+    path = tmp_path / "services.json"
+    path.write_text(path.read_text().replace('"v": 1', '"v": 2'))
+    with pytest.raises(SchemaError, match="unknown version 2") as caught:
+        recorded_ports(tmp_path)
+    assert str(path) in str(caught.value)
+
+
+def test_a_redis_cluster_is_recorded_with_the_ports(tmp_path) -> None:
+    ports = Ports.from_base(19092).with_redis_cluster(3)
+    record_ports(tmp_path, ports)
+    assert recorded_ports(tmp_path) == ports
