@@ -32,14 +32,21 @@ The master takes one every `pservers.checkpoint_every_s` (master/checkpoints.py)
 
 from __future__ import annotations
 
-import json
+import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 
 from streamtrain.jobstate import queue
-from streamtrain.jobstate.etcd import MAX_TXN_OPS, Etcd, Op, absent, delete_op, delete_prefix_op, put_op, value_is
-from streamtrain.schemas import CheckpointRequest, EtcdKeys, JobRecord, LatestCheckpoint, SchemaError, TaskRecord
+from streamtrain.jobstate.etcd import (MAX_TXN_OPS, Entry, Etcd, Op, absent, delete_op, delete_prefix_op, put_op,
+                                      value_is)
+from streamtrain.schemas import (CheckpointRequest, EtcdKeys, JobRecord, KeptDocument, LatestCheckpoint, SchemaError,
+                                 TaskRecord)
+from streamtrain.schemas.keys import TaskState
+
+log = logging.getLogger(__name__)
+
 
 def new_checkpoint_id() -> str:
     """Ids sort by time: a restarted shard loads the newest."""
@@ -56,11 +63,16 @@ def job_record(etcd: Etcd, keys: EtcdKeys) -> bytes:
     cursors, todo, pending, done, failed, state = etcd.ranges([
         keys.cursors_prefix, keys.tasks("todo"), keys.tasks("pending"), keys.tasks("done"),
         keys.tasks("failed"), keys.state])
+
+    def task_key(state: TaskState) -> Callable[[KeptDocument], str]:
+        return lambda kept: keys.task(state, kept.doc.get("task_id"))
+
+    kept_state = _kept(state, lambda kept: keys.state)
     return JobRecord(
-        cursors=tuple(json.loads(e.value) for e in cursors),
-        todo=tuple(json.loads(e.value) for e in todo) + tuple(_released(e.value) for e in pending),
-        done=tuple(json.loads(e.value) for e in done), failed=tuple(json.loads(e.value) for e in failed),
-        state=json.loads(state[0].value) if state else None).to_json()
+        cursors=_kept(cursors, lambda kept: keys.cursor(kept.doc.get("topic"), kept.doc.get("partition"))),
+        todo=_kept(todo, task_key("todo")) + _kept(pending, task_key("pending"), _released),
+        done=_kept(done, task_key("done")), failed=_kept(failed, task_key("failed")),
+        state=kept_state[0] if kept_state else None).to_json()
 
 
 def restore_batches(keys: EtcdKeys, record: bytes) -> list[list[Op]]:
@@ -73,35 +85,51 @@ def restore_batches(keys: EtcdKeys, record: bytes) -> list[list[Op]]:
         SchemaError: `record` is not a job record of this version.
     """
     saved = JobRecord.from_json(record)
-    ops = [put_op(keys.cursor(c["topic"], c["partition"]), _encoded(c)) for c in saved.cursors]
+    # JobRecord has checked that each document names its key (topic and partition, task_id).
+    ops = [put_op(keys.cursor(c.doc["topic"], c.doc["partition"]), c.to_json()) for c in saved.cursors]
     readable: list[TaskRecord] = []
     for t in saved.todo:
         try:
-            readable.append(TaskRecord.from_json(_encoded(t)))
+            readable.append(TaskRecord.from_json(t.to_json()))
         except SchemaError:  # restored as it was saved, and logged wherever it is read
-            ops.append(put_op(keys.task("todo", t["task_id"]), _encoded(t)))
-    ops += [put_op(keys.task("done", t["task_id"]), _encoded(t)) for t in saved.done]
-    ops += [put_op(keys.task("failed", t["task_id"]), _encoded(t)) for t in saved.failed]
+            ops.append(put_op(keys.task("todo", t.doc["task_id"]), t.to_json()))
+    ops += [put_op(keys.task("done", t.doc["task_id"]), t.to_json()) for t in saved.done]
+    ops += [put_op(keys.task("failed", t.doc["task_id"]), t.to_json()) for t in saved.failed]
     if saved.state is not None:
-        ops.append(put_op(keys.state, _encoded(saved.state)))
+        ops.append(put_op(keys.state, saved.state.to_json()))
     todo = [put_op(keys.task("todo", t.task_id), t.to_json()) for round_ in queue.rounds_of(readable) for t in round_]
     clear: list[Op] = [delete_prefix_op(keys.tasks_prefix), delete_prefix_op(keys.cursors_prefix), delete_op(keys.state)]
     return [clear] + [ops[i:i + MAX_TXN_OPS - 1] for i in range(0, len(ops), MAX_TXN_OPS - 1)] \
         + [todo[i:i + MAX_TXN_OPS] for i in range(0, len(todo), MAX_TXN_OPS)]
 
 
-def _encoded(doc: dict) -> bytes:
-    """A document of the record as its key held it (JobRecord keeps them as read)."""
-    return json.dumps(doc).encode()
+def _kept(entries: list[Entry], key_of: Callable[[KeptDocument], str],
+          kept_as: Callable[[bytes], KeptDocument] = KeptDocument.from_json) -> tuple[KeptDocument, ...]:
+    """The documents of `entries` that a rollback can write back where they were: JSON objects
+    that name the key they were read from. The rest are left out, and logged: no process can use
+    such a value (an unreadable task is skipped, and logged, wherever it is read), and a record
+    that held one could not be restored at all (it used to end the master here, or mid-rollback)."""
+    kept = []
+    for entry in entries:
+        try:
+            doc = kept_as(entry.value)
+            if key_of(doc) == entry.key:
+                kept.append(doc)
+                continue
+            why = f"it names the key {key_of(doc)!r}"
+        except SchemaError as exc:
+            why = str(exc)
+        log.error("checkpoint record leaves out %s: %s", entry.key, why)
+    return tuple(kept)
 
 
-def _released(value: bytes) -> dict:
+def _released(value: bytes) -> KeptDocument:
     """A task in hand, as `TaskClient.release` would give it back: same attempt, no holder."""
     try:
         task = TaskRecord.from_json(value)
     except SchemaError:
-        return json.loads(value)  # restored as it was; the master moves it out of the way there
-    return json.loads(replace(task, trainer_id=None, deadline=None).to_json())
+        return KeptDocument.from_json(value)  # restored as it was; the master moves it out of the way there
+    return KeptDocument.from_json(replace(task, trainer_id=None, deadline=None).to_json())
 
 
 def ask(etcd: Etcd, job: str) -> bytes | None:

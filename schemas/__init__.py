@@ -25,7 +25,7 @@ from .keys import CONTROLS, TASK_STATES, EtcdKeys, RedisKeys, Topics, validate_j
 from .params import ParamBlock, decode_rows, encode_rows, encode_rows_matrix
 from .report import TaskReport
 from .rounds import FlushMark, PublishedRound, RoundRows
-from .saved import ExampleCounts, JobRecord, LedgerEntry, LedgerSnapshot, SavedBlock, SavedTable, StateIndex
+from .saved import ExampleCounts, JobRecord, KeptDocument, LedgerEntry, LedgerSnapshot, SavedBlock, SavedTable, StateIndex
 from .services import ServicePorts
 from .task import TaskId, TaskRecord
 
@@ -51,6 +51,7 @@ __all__ = [
     "JobRecord",
     "JobState",
     "JoinWaiting",
+    "KeptDocument",
     "LatestCheckpoint",
     "LedgerEntry",
     "LedgerSnapshot",

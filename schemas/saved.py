@@ -19,12 +19,15 @@ from typing import Any
 
 from . import _json
 from ._check import Check
+from .errors import SchemaError
+from .keys import _segment
 
 VERSION = 1
 _index = Check("StateIndex", VERSION)
 _examples = Check("ExampleCounts", VERSION)
 _ledger = Check("LedgerSnapshot", VERSION)
 _record = Check("JobRecord", VERSION)
+_kept = Check("KeptDocument")  # no version of its own: it holds what its key held
 
 
 @dataclass(frozen=True)
@@ -170,33 +173,101 @@ class LedgerSnapshot:
 
 
 @dataclass(frozen=True)
+class KeptDocument:
+    """A JSON object as an etcd key held it, kept whole: what a `JobRecord` holds of each cursor,
+    task and the job state. A rollback writes back what was there, keys this version does not
+    know included, and a task no reader here understands as it was rather than not at all.
+
+    Raises:
+        SchemaError: `doc` is not a JSON object that encodes (NaN, a non-string key; field `$`).
+    """
+
+    doc: dict[str, Any]
+    _encoded: bytes = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.doc, dict):
+            raise _kept.error("$", f"expected a JSON object, got {type(self.doc).__name__}")
+        try:  # encoded once, here: it is written back as it is, or refused now, not mid-rollback
+            encoded = _json.dumps(self.doc)
+        except (TypeError, ValueError) as exc:
+            raise _kept.error("$", f"does not encode as JSON: {exc}") from None
+        object.__setattr__(self, "_encoded", encoded)
+
+    def to_json(self) -> bytes:
+        return self._encoded
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> KeptDocument:
+        """Any JSON object, whatever its keys and version. Raises: SchemaError."""
+        return cls(_json.parse_object(_kept, data))
+
+
+@dataclass(frozen=True)
 class JobRecord:
     """The job's side of a checkpoint: its cursors, tasks and state as etcd held them, each the
-    document its key held (`PartitionCursor`, `TaskRecord`, `JobState`). Kept as read, so a
-    task no reader understands is restored as it was rather than lost; tasks in hand were
-    released (no holder, same attempt) before they were recorded."""
+    document its key held (`PartitionCursor`, `TaskRecord`, `JobState`), kept whole
+    (`KeptDocument`), so a task no reader understands is restored as it was rather than lost;
+    tasks in hand were released (no holder, same attempt) before they were recorded.
 
-    cursors: tuple[dict[str, Any], ...] = ()
-    todo: tuple[dict[str, Any], ...] = ()
-    done: tuple[dict[str, Any], ...] = ()
-    failed: tuple[dict[str, Any], ...] = ()
-    state: dict[str, Any] | None = None
+    Each document names the key it goes back to: a cursor has `topic` and `partition`, a task
+    `task_id` (a key segment); the state's key is fixed.
+
+    Raises:
+        SchemaError: a member is not a KeptDocument, or lacks what names its key
+            (`cursors[0].topic`, `done[2].task_id`).
+    """
+
+    cursors: tuple[KeptDocument, ...] = ()
+    todo: tuple[KeptDocument, ...] = ()
+    done: tuple[KeptDocument, ...] = ()
+    failed: tuple[KeptDocument, ...] = ()
+    state: KeptDocument | None = None
 
     def __post_init__(self) -> None:
         for name in ("cursors", "todo", "done", "failed"):
-            for i, doc in enumerate(getattr(self, name)):
-                _json.obj(_record, doc, f"{name}[{i}]")
+            for i, kept in enumerate(getattr(self, name)):
+                _kept_in_record(kept, f"{name}[{i}]")
+        for i, cursor in enumerate(self.cursors):
+            _record.topic(f"cursors[{i}].topic", cursor.doc.get("topic"))
+            _record.integer(f"cursors[{i}].partition", cursor.doc.get("partition"), hi=2**31 - 1)
+        for name in ("todo", "done", "failed"):
+            for i, task in enumerate(getattr(self, name)):
+                try:
+                    _segment("task_id", task.doc.get("task_id"))
+                except SchemaError as exc:
+                    raise _record.error(f"{name}[{i}].task_id", exc.reason) from None
         if self.state is not None:
-            _json.obj(_record, self.state, "state")
+            _kept_in_record(self.state, "state")
 
     def to_json(self) -> bytes:
-        return _json.dumps({"v": VERSION, "cursors": list(self.cursors), "todo": list(self.todo),
-                            "done": list(self.done), "failed": list(self.failed), "state": self.state})
+        def docs(kept: tuple[KeptDocument, ...]) -> list[dict[str, Any]]:
+            return [k.doc for k in kept]
+
+        return _json.dumps({"v": VERSION, "cursors": docs(self.cursors), "todo": docs(self.todo),
+                            "done": docs(self.done), "failed": docs(self.failed),
+                            "state": None if self.state is None else self.state.doc})
 
     @classmethod
     def from_json(cls, data: bytes | str) -> JobRecord:
         """Raises: SchemaError."""
         doc = _json.loads(_record, data)
-        lists = (tuple(_json.array(_record, _json.field(_record, doc, k), k))
-                 for k in ("cursors", "todo", "done", "failed"))
-        return cls(*lists, doc.get("state"))
+        lists = [tuple(_kept_at(item, f"{k}[{i}]")
+                       for i, item in enumerate(_json.array(_record, _json.field(_record, doc, k), k)))
+                 for k in ("cursors", "todo", "done", "failed")]
+        state = doc.get("state")
+        return cls(*lists, None if state is None else _kept_at(state, "state"))
+
+
+def _kept_at(value: Any, path: str) -> KeptDocument:
+    try:
+        return KeptDocument(_json.obj(_record, value, path))
+    except SchemaError as exc:
+        if exc.format == _record.format:
+            raise
+        raise _record.error(path, exc.reason) from None
+
+
+def _kept_in_record(value: object, path: str) -> None:
+    if not isinstance(value, KeptDocument):
+        raise _record.error(path, f"expected a KeptDocument, got {type(value).__name__}")

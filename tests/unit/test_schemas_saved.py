@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from streamtrain.schemas import (ExampleCounts, JobRecord, LedgerEntry, LedgerSnapshot, SavedBlock, SavedTable,
-                                 SchemaError, StateIndex)
+from streamtrain.schemas import (ExampleCounts, JobRecord, KeptDocument, LedgerEntry, LedgerSnapshot, SavedBlock,
+                                 SavedTable, SchemaError, StateIndex)
 
 DOCUMENTS = [
     StateIndex(),
@@ -19,8 +19,8 @@ DOCUMENTS = [
     LedgerSnapshot(),
     LedgerSnapshot(3, (LedgerEntry("clicks", 0, 1, 4000, ((4000, 2), (5000, 0))), LedgerEntry("clicks", 1, 0, 0))),
     JobRecord(),
-    JobRecord(({"topic": "clicks", "partition": 0}, ), ({"task_id": "a"},), ({"task_id": "b"},), (),
-              {"state": "running"}),
+    JobRecord((KeptDocument({"topic": "clicks", "partition": 0}),), (KeptDocument({"task_id": "a", "later": [1]}),),
+              (KeptDocument({"task_id": "b"}),), (), KeptDocument({"state": "running"})),
 ]
 
 
@@ -51,8 +51,38 @@ def test_a_table_without_its_clock_reads_as_none() -> None:
     (LedgerSnapshot, {"v": 1, "partitions": []}, "dropped"),
     (JobRecord, {"v": 1, "cursors": [], "todo": ["x"], "done": [], "failed": []}, "todo[0]"),
     (JobRecord, {"v": 1, "cursors": [], "todo": [], "done": []}, "failed"),
+    (JobRecord, {"v": 1, "cursors": [{"partition": 0}], "todo": [], "done": [], "failed": []}, "cursors[0].topic"),
+    (JobRecord, {"v": 1, "cursors": [{"topic": "c", "partition": -1}], "todo": [], "done": [], "failed": []},
+     "cursors[0].partition"),
+    (JobRecord, {"v": 1, "cursors": [], "todo": [], "done": [{"task_id": "a"}, {"v": 1}], "failed": []},
+     "done[1].task_id"),
+    (JobRecord, {"v": 1, "cursors": [], "todo": [], "done": [], "failed": [{"task_id": "a/b"}]}, "failed[0].task_id"),
+    (JobRecord, {"v": 1, "cursors": [], "todo": [{"task_id": "a", "x": float("nan")}], "done": [], "failed": []},
+     "todo[0]"),
+    (JobRecord, {"v": 1, "cursors": [], "todo": [], "done": [], "failed": [], "state": 3}, "state"),
 ])
 def test_a_malformed_document_names_its_format_and_field(cls, doc, field) -> None:
     with pytest.raises(SchemaError) as caught:
         cls.from_json(json.dumps(doc))
     assert caught.value.format == cls.__name__ and caught.value.field == field, caught.value
+
+
+def test_a_job_record_keeps_each_document_whole_and_writes_it_back_compactly() -> None:
+    kept = KeptDocument.from_json(b'{"v": 9, "task_id": "a", "future": {"x": [1, 2]}}')
+    assert kept.doc == {"v": 9, "task_id": "a", "future": {"x": [1, 2]}}
+    assert kept.to_json() == b'{"v":9,"task_id":"a","future":{"x":[1,2]}}'
+    record = JobRecord.from_json(JobRecord(todo=(kept,)).to_json())
+    assert record.todo == (kept,) and record.todo[0].to_json() == kept.to_json()
+
+
+@pytest.mark.parametrize("data", [b"[]", b"not json", b'{"x": NaN}'])
+def test_a_kept_document_is_a_json_object_that_encodes(data) -> None:
+    with pytest.raises(SchemaError) as caught:
+        KeptDocument.from_json(data)
+    assert (caught.value.format, caught.value.field) == ("KeptDocument", "$")
+
+
+def test_a_job_record_holds_kept_documents_only() -> None:
+    with pytest.raises(SchemaError) as caught:
+        JobRecord(todo=({"task_id": "a"},))
+    assert caught.value.field == "todo[0]"
