@@ -3,7 +3,7 @@ schedule; then the ledger is checked and recovery is timed.
 
     python -m bench.chaos [--profile ci|full] [--records N] [--passes N] [--every-s S]
                           [--faults trainer loader shard master freeze kafka etcd redis]
-                          [--seed N] [--out report.json]
+                          [--clusters] [--seed N] [--out report.json]
 
 The workload is `bench.e2e`'s (production-like CTR records as CSV on a 2-partition topic,
 WideDeep, Adam); the job's `[train]` and `[tasks]` keep their defaults. Its master, 2 shards and
@@ -15,7 +15,11 @@ fault from `--faults`, in a seeded shuffled order, hits it:
 - `trainer`, `shard`, `master`: SIGKILL of that process (the supervisor restarts it);
 - `loader`: SIGKILL of a trainer's loader child (its trainer restarts it);
 - `freeze`: SIGSTOP of a trainer, shard or master for longer than its lease, then SIGCONT;
-- `kafka`, `etcd`, `redis`: SIGKILL of the service, restarted 2 s later (Redis empty).
+- `kafka`, `etcd`, `redis`: SIGKILL of the service, restarted 2 s later (Redis empty). With
+  `--clusters` the services are `streamtrain up --kafka-brokers 3 --etcd-members 3
+  --redis-cluster 3`'s and the fault hits one node: a broker at random, the etcd leader, the
+  Redis master holding a random shard's keys (restarted before its node timeout, so it may
+  come back an empty master, as a master without persistence restarted at once does).
 
 Recovery per fault: **back** is kill -> the process working again (a trainer's or loader's
 pushes published again, a shard publishing again, a master holding the lock again, a service
@@ -54,6 +58,7 @@ from bench.e2e import MODELS, Workload, children, examples, job_toml, quality, s
 from bench.trainer_throughput import write_topic
 from streamtrain.infra import Endpoints, LocalServices, Ports
 from streamtrain.infra.clients import redis_client
+from streamtrain.infra.etcd_server import is_leader
 from streamtrain.jobstate.redisnodes import ShardNodes
 from streamtrain.jobstate.config import JobConfig
 from streamtrain.jobstate.errors import CoordinationError
@@ -195,6 +200,14 @@ class Probe:
         if not all(raw):
             return None
         return min(ShardStats.from_json(r).examples for r in raw)
+
+    def redis_port(self, shard: int) -> int:
+        """The port of the Redis node holding `shard`'s keys now (the slots read anew: an
+        earlier fault may have moved them)."""
+        if self._nodes.cluster:
+            self._redis.nodes_manager.initialize()
+            self._nodes.forget()
+        return self._nodes.node(shard).connection_pool.connection_kwargs["port"]
 
     def stats(self) -> list[ShardStats | None]:
         raw = self._each(self.redis_keys.stats)
@@ -364,11 +377,12 @@ class Chaos:
                 frozen: list, restarting: list) -> Fault | None:
         now = time.time()
         if kind in SERVICE_FAULTS:
-            server = self.local.servers[kind]
+            node = self._node(kind, probe, rng)
+            server = self.local.servers[node]
             pid = server.pid()
             if pid is None:
                 return None
-            fault = Fault(kind, kind, now, pid)
+            fault = Fault(kind, node, now, pid)
             _signal(pid, signal.SIGKILL)
 
             def restart() -> None:
@@ -410,6 +424,19 @@ class Chaos:
             fault.resumed_at = now
             _signal(pid, signal.SIGKILL)
         return fault
+
+
+    def _node(self, kind: str, probe: Probe, rng: random.Random) -> str:
+        """The node of a service to kill: the service itself, or one node of its cluster."""
+        nodes = sorted(n for n in self.local.servers if n.split("-")[0] == kind)
+        if len(nodes) == 1:
+            return nodes[0]
+        if kind == "etcd":
+            return next((n for n in nodes if is_leader(self.local.servers[n].address)), rng.choice(nodes))
+        if kind == "redis":
+            port = probe.redis_port(rng.randrange(SHARDS))
+            return next(n for n in nodes if self.local.servers[n].port == port)
+        return rng.choice(nodes)
 
 
 def _signal(pid: int, sig: int) -> None:
@@ -500,6 +527,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, help="faults of each kind (default: the profile's)")
     parser.add_argument("--faults", nargs="+", choices=PROCESS_FAULTS + SERVICE_FAULTS,
                         help="fault kinds (default: the profile's)")
+    parser.add_argument("--clusters", action="store_true",
+                        help="run on 3 brokers, 3 etcd members and a Redis Cluster of 3 masters")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout-s", type=float, default=7200)
     parser.add_argument("--out", type=Path, help="also write the JSON report here")
@@ -515,7 +544,8 @@ def main() -> None:
     with contextlib.nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         home.mkdir(parents=True, exist_ok=True)
-        local = LocalServices(home / "services", Ports.free())
+        ports = Ports.free(kafka_brokers=3, etcd_members=3, redis_masters=3) if args.clusters else Ports.free()
+        local = LocalServices(home / "services", ports)
         if local.endpoints.external:
             raise SystemExit(f"bench.chaos kills its own services: unset STREAMTRAIN_"
                              f"{'/'.join(sorted(local.endpoints.external)).upper()}")
@@ -537,7 +567,7 @@ def main() -> None:
     gap = hit.auc["holdout_auc"] - clean.auc["holdout_auc"]
     recovered = recovery(hit, clean_steady)  # times each fault's rate recovery, for the log too
     report = {
-        "profile": args.profile, "records": records, "passes": passes, "every_s": every_s, "seed": args.seed,
+        "profile": args.profile, "clusters": args.clusters, "records": records, "passes": passes, "every_s": every_s, "seed": args.seed,
         "fault_free": {"wall_s": round(clean.wall_s, 1), "examples_per_s": round(total / clean.wall_s),
                        "steady_examples_per_s": round(clean_steady), **clean.auc,
                        "ledger": ledger(clean.stats, want)},
