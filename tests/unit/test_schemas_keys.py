@@ -26,7 +26,7 @@ def test_etcd_keys_follow_the_design_layout():
         keys.trainers_prefix, keys.trainer("host-1.4242"), keys.cursors_prefix, keys.cursor("clicks", 3),
         keys.tasks("todo"), keys.task("pending", "clicks:3:00000000000000000100"), keys.slots,
         keys.checkpoints_latest, keys.checkpoint("c-1"), keys.checkpoint_shard("c-1", 0),
-        keys.control("pause"), keys.control("refetch"),
+        keys.control("pause"), keys.control("rollback"),
     ] == [
         "/streamtrain/ctr/", "/streamtrain/ctr/master/lock", "/streamtrain/ctr/config",
         "/streamtrain/ctr/ps_desired", "/streamtrain/ctr/ps/", "/streamtrain/ctr/ps/2",
@@ -35,14 +35,14 @@ def test_etcd_keys_follow_the_design_layout():
         "/streamtrain/ctr/tasks/pending/clicks:3:00000000000000000100", "/streamtrain/ctr/slots",
         "/streamtrain/ctr/checkpoints/latest", "/streamtrain/ctr/checkpoints/c-1/",
         "/streamtrain/ctr/checkpoints/c-1/0", "/streamtrain/ctr/control/pause",
-        "/streamtrain/ctr/control/refetch",
+        "/streamtrain/ctr/control/rollback",
     ]  # fmt: skip
 
 
 def test_every_task_state_has_its_own_prefix():
     keys = EtcdKeys("ctr")
     prefixes = [keys.tasks(state) for state in TASK_STATES]
-    assert TASK_STATES == ("todo", "pending", "done", "failed") and CONTROLS == ("pause", "refetch", "checkpoint", "rollback")
+    assert TASK_STATES == ("todo", "pending", "done", "failed") and CONTROLS == ("pause", "checkpoint", "rollback")
     assert all(not a.startswith(b) for a in prefixes for b in prefixes if a != b)
 
 
