@@ -8,7 +8,8 @@ deltas in the same total order (one partition per shard topic) through the same 
 
 The parts: reading the gradient topic (gradlog.py), the state and its update rule (state.py),
 the sync barrier (barrier.py), publishing to Redis (publishing.py, publisher.py), checkpoints
-(checkpoint.py, and keeper.py registers them in etcd), the control plane's requests
+(checkpoint.py, and keeper.py registers them in etcd; storage.py makes the log and the
+checkpoint store, or a caller gives its own), the control plane's requests
 (controller.py) and the decisions about them and about when each periodic step is due
 (control.py); this module runs them.
 One thread does everything that changes the state (consume, apply, checkpoint, roll back), so
@@ -39,14 +40,13 @@ from streamtrain.jobstate.observability import PserverMetrics
 from streamtrain.jobstate.optimizers import make_rule
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.pserver.barrier import StepBarrier
-from streamtrain.pserver.checkpoint import CheckpointStore
 from streamtrain.pserver.control import Schedule, fold_ready
 from streamtrain.pserver.controller import ShardController
-from streamtrain.pserver.gradlog import GradientLog
 from streamtrain.pserver.keeper import CheckpointKeeper
 from streamtrain.pserver.publisher import Publisher
 from streamtrain.pserver.publishing import BackgroundPublisher
 from streamtrain.pserver.state import BadDeltaError, ShardState
+from streamtrain.pserver.storage import ShardStorage
 from streamtrain.schemas import BarrierStats, BarrierSteps, EtcdKeys, GradientDelta, PartitionCursor, RedisKeys, ShardStats
 
 log = logging.getLogger(__name__)
@@ -81,12 +81,15 @@ class Counters:
 
 class PserverShard:
     def __init__(self, endpoints: Endpoints, options: ShardOptions, *, etcd: Etcd | None = None,
-                 redis_conn: redis.Redis | None = None) -> None:
+                 redis_conn: redis.Redis | None = None, storage: ShardStorage | None = None) -> None:
         """`etcd` and `redis_conn`: clients to use instead of connecting to `endpoints` (the
-        caller keeps and closes them); the broker's are made by the parts that use them."""
+        caller keeps and closes them); `storage`: what makes the gradient log and the
+        checkpoint store (pserver/storage.py), instead of the job's Kafka at `endpoints` and
+        its `pservers.checkpoint_uri`."""
         self.endpoints = endpoints
         self.options = options
         self._given_etcd, self._given_redis = etcd, redis_conn
+        self.storage = storage or ShardStorage(endpoints)
         self.keys = EtcdKeys(options.job)
         self.redis_keys = RedisKeys(options.job)
         self.counters = Counters()
@@ -123,14 +126,13 @@ class PserverShard:
         self.metrics = PserverMetrics.for_shard(config.name, index)
         # Sync mode waits at a step barrier; bounded mode only reports trainers' steps.
         self.barrier = StepBarrier(sync=config.train.sgd == "sync")
-        self.grads = GradientLog(self.endpoints, config, index)
+        self.grads = self.storage.gradient_log(config, index)
         slots_entry = self.etcd.get(self.keys.slots)
         if slots_entry is None:
             raise MasterError(f"job {config.name!r} has no slot map in etcd: start its master first")
         self.slot_map = SlotMap.from_json(slots_entry.value)
         rule = make_rule(config.pservers.optimizer, lr=config.train.learning_rate)
-        self.store = CheckpointStore(config.pservers.checkpoint_uri, config.name, index,
-                                     config.pservers.keep_checkpoints)
+        self.store = self.storage.checkpoint_store(config, index)
         self.checkpoints = CheckpointKeeper(self.store, self.etcd, self.keys, index, self.slot_map.slots_of(index),
                                             self.metrics.checkpoint_seconds)
         self.controller = ShardController(self.etcd, self.keys, index, self.store, self.checkpoints, self)
