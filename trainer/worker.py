@@ -74,6 +74,29 @@ class TrainerStats:
                 self.failed_tasks += 1
 
 
+@dataclass(slots=True)
+class TaskRun:
+    """One task in training, made afresh for each: what the trainer knows only for its
+    duration. The training thread alone touches it."""
+
+    task: ClaimedTask  # as of its last heartbeat
+    # The chunk to abandon from, should the task end early: the one being trained, or the
+    # first (a heartbeat finding the task lost before its first mini-batch). A chunk of the
+    # task before would leave this one's rest in the feed, to be taken for the next task's first.
+    fed: Chunk
+    metrics: TaskMetrics
+    batcher: MiniBatches  # carries a short mini-batch from one chunk to the next
+    heartbeat_at: float  # time.monotonic() of the claim or of its last heartbeat
+    seq: int = 0  # push groups sent: the next group's dedup seq
+
+    @classmethod
+    def of(cls, first: Chunk, trainer_id: str, batch_size: int) -> TaskRun:
+        """The run of the task `first` begins."""
+        task = first.task
+        return cls(task, first, TaskMetrics(task.task_id, trainer_id, task.record.attempt), MiniBatches(batch_size),
+                   first.claimed_at)
+
+
 class Trainer:
     def __init__(self, endpoints: Endpoints, job: str, trainer_id: str | None = None,
                  device: torch.device | None = None, lease_ttl_s: int = 10, *, etcd: Etcd | None = None,
@@ -207,13 +230,10 @@ class Trainer:
     def _train_fed(self, feed: TaskFeed, first: Chunk, stop: threading.Event) -> None:
         """Train one task from the feed and hand its end to the committer; a task lost, failed
         or given back ends here."""
-        # The chunk to abandon from, should the task end before its first mini-batch (a
-        # heartbeat finding it lost): a chunk of the task before would leave this one's rest
-        # in the feed, to be taken for the next task's first.
-        self._task, self._fed = first.task, first
+        run = TaskRun.of(first, self.trainer_id, self.config.model.batch_size)
         try:
-            metrics = self.train_task(feed, first, stop)
-            self.committer.end(self._task, self.delivery.take(), metrics)
+            metrics = self.train_task(run, feed, stop)
+            self.committer.end(run.task, self.delivery.take(), metrics)
             return
         except Exception as exc:  # noqa: BLE001  task_end decides which errors end only the task
             end = task_end(exc)
@@ -223,16 +243,16 @@ class Trainer:
                 log.warning("trainer %s: task %s: %s%s", self.trainer_id, first.task.task_id, exc,
                             f"; {end.why}" if end.why else "")
             if end.ending == "failed":
-                self._quietly(lambda t=self._task, e=exc: self.tasks.fail(t, str(e)))
+                self._quietly(lambda t=run.task, e=exc: self.tasks.fail(t, str(e)))
             if end.wait_s:
                 stop.wait(end.wait_s)
             ending = end.ending
         self.delivery.discard()
-        self.committer.drop(self._task.task_id)
-        self.own.forget(self._task.task_id)
-        feed.abandon(self._fed)
+        self.committer.drop(run.task.task_id)
+        self.own.forget(run.task.task_id)
+        feed.abandon(run.fed)
         if ending == "released":
-            self._quietly(lambda t=self._task: self.tasks.release(t))
+            self._quietly(lambda t=run.task: self.tasks.release(t))
         self.stats.ended(ending)
         self.obs.task_ended(ending)
 
@@ -267,60 +287,55 @@ class Trainer:
             pass
 
     # -- one task ------------------------------------------------------------------------
-    def train_task(self, feed: TaskFeed, first: Chunk, stop: threading.Event) -> TaskMetrics:
-        """Train the task of `first`, reading the rest of its records from `feed`; its last
+    def train_task(self, run: TaskRun, feed: TaskFeed, stop: threading.Event) -> TaskMetrics:
+        """Train the task of `run`, reading the rest of its records from `feed`; its last
         messages stay in `self.delivery` for the committer."""
-        task = self._task = first.task
-        metrics = self._metrics = TaskMetrics(task.task_id, self.trainer_id, task.record.attempt)
-        self._seq = 0
-        self._heartbeat_at = first.claimed_at
-        if heartbeat_due(time.monotonic() - self._heartbeat_at, self.config.tasks.timeout_s):
-            self._heartbeat()  # it waited in the feed: still ours?
+        metrics = run.metrics
+        if heartbeat_due(time.monotonic() - run.heartbeat_at, self.config.tasks.timeout_s):
+            self._heartbeat(run)  # it waited in the feed: still ours?
         self.model.zero_grad(set_to_none=True)
         self.buffer.clear()
-        self._batcher = MiniBatches(self.config.model.batch_size)
         group: list[Batch] = []
-        for batch in self._mini_batches(feed, first, stop):
+        for batch in self._mini_batches(run, feed, stop):
             group.append(batch)
             if len(group) == self.config.train.push_every:
-                self._train_group(group)
+                self._train_group(run, group)
                 group = []
         if group:
-            self._train_group(group)
-        self.delivery.add(self.topics.metrics, metrics.report().to_json(), task.task_id.encode())
+            self._train_group(run, group)
+        self.delivery.add(self.topics.metrics, metrics.report().to_json(), run.task.task_id.encode())
         return metrics
 
-    def _mini_batches(self, feed: TaskFeed, first: Chunk, stop: threading.Event) -> Iterator[Batch]:
+    def _mini_batches(self, run: TaskRun, feed: TaskFeed, stop: threading.Event) -> Iterator[Batch]:
         """The task's mini-batches: always `batch_size` good examples in offset order (the
         last one shorter), so push groups depend neither on chunking nor on look-ahead."""
-        chunk = self._fed = first
+        chunk = run.fed
         while True:
             if chunk.error is not None:
                 raise chunk.error
             if stop.is_set():
                 raise Stopped()
-            yield from self._cut(chunk.records)
+            yield from self._cut(run, chunk.records)
             if chunk.last:
                 break
-            chunk = self._fed = feed.more()
-        last = self._batcher.rest()
+            chunk = run.fed = feed.more()
+        last = run.batcher.rest()
         if last is not None:
             yield last
 
-    def _cut(self, loaded: Loaded | None) -> Iterator[Batch]:
+    def _cut(self, run: TaskRun, loaded: Loaded | None) -> Iterator[Batch]:
         """Dead-letter a chunk's bad records, then cut its mini-batches."""
         if loaded is None:
             return
         for bad in loaded.bad:
-            self._dead_letter(bad)
+            self._dead_letter(run, bad)
         if loaded.block is None:
             return
-        self._metrics.max_event_time_ms = max(self._metrics.max_event_time_ms,
-                                              int(loaded.block.event_time_ms.max()))
-        yield from self._batcher.feed(loaded.block)
+        run.metrics.max_event_time_ms = max(run.metrics.max_event_time_ms, int(loaded.block.event_time_ms.max()))
+        yield from run.batcher.feed(loaded.block)
 
-    def _dead_letter(self, bad: BadRecord) -> None:
-        self._metrics.bad_records += 1
+    def _dead_letter(self, run: TaskRun, bad: BadRecord) -> None:
+        run.metrics.bad_records += 1
         self.stats.bad_records += 1
         self.obs.bad_records.inc()
         letter = DeadLetter(bad.topic, bad.partition, bad.offset, bad.reason, bad.value,
@@ -328,21 +343,21 @@ class Trainer:
         # Keyed by position: the DLQ is compacted, so a re-run task leaves one entry per record.
         self.delivery.add(self.topics.dlq, letter.to_json(), f"{bad.topic}:{bad.partition}:{bad.offset}".encode())
 
-    def _train_group(self, batches: list[Batch]) -> None:
+    def _train_group(self, run: TaskRun, batches: list[Batch]) -> None:
         """Train one push group (trainer/groups.py), then push it."""
-        self.groups.train(batches, self._metrics)
+        self.groups.train(batches, run.metrics)
         examples = sum(batch.size for batch in batches)
         self.stats.examples += examples
-        self._push(examples)
+        self._push(run, examples)
 
-    def _push(self, examples: int) -> None:
+    def _push(self, run: TaskRun, examples: int) -> None:
         started = time.perf_counter()
-        task_id = self._task.task_id
+        task_id = run.task.task_id
         self.committer.raise_failed(task_id)
-        for delta in self.buffer.deltas(task_id, self._seq, self.trainer_id, self.step, examples):
+        for delta in self.buffer.deltas(task_id, run.seq, self.trainer_id, self.step, examples):
             self.delivery.send(self.topics.grad(delta.shard), delta.to_bytes(), task_id.encode())
         self.own.pushed(self.step, task_id)
-        self._seq += 1
+        run.seq += 1
         pushed, self.step = self.step, self.step + 1
         # The committer waits for the push's acknowledgement; the training thread never does.
         # The task's side outputs wait for its end.
@@ -351,15 +366,15 @@ class Trainer:
             self.step = self.gate.after_push(pushed, lambda: self.committer.raise_failed(task_id))
         elif self.in_flight is not None:
             self.in_flight.wait(self.own, pushed, lambda: self.committer.raise_failed(task_id))
-        if heartbeat_due(time.monotonic() - self._heartbeat_at, self.config.tasks.timeout_s):
-            self._heartbeat()
+        if heartbeat_due(time.monotonic() - run.heartbeat_at, self.config.tasks.timeout_s):
+            self._heartbeat(run)
         elapsed = time.perf_counter() - started
-        self._metrics.push_s += elapsed
+        run.metrics.push_s += elapsed
         self.obs.push_seconds.observe(elapsed)
 
-    def _heartbeat(self) -> None:
-        self._task = self.tasks.heartbeat(self._task)
-        self._heartbeat_at = time.monotonic()
+    def _heartbeat(self, run: TaskRun) -> None:
+        run.task = self.tasks.heartbeat(run.task)
+        run.heartbeat_at = time.monotonic()
         self._keep_membership()  # a long task must not leave it lapsed: the master requeues for that
 
     def _keep_membership(self) -> None:

@@ -232,8 +232,8 @@ def test_pushes_every_n_and_dense_pulls_every_m_mini_batches(services, etcd, red
         pulls.append((len(ids) > 0, dense)), send(self, tables, ids, shards, dense))[1])
     sizes: list[int] = []  # mini-batches per group, in the order trained
     train_group = Trainer._train_group
-    monkeypatch.setattr(Trainer, "_train_group", lambda self, batches: (
-        sizes.append(len(batches)), train_group(self, batches))[1])
+    monkeypatch.setattr(Trainer, "_train_group", lambda self, run, batches: (
+        sizes.append(len(batches)), train_group(self, run, batches))[1])
     config = make_job(unique("every"), topic, tmp_path, push_every=3, pull_every=3)
     train_one_pass(services, redis_conn, config, topic, counts, trainers=1, timeout_s=120)
     batch = config.model.batch_size
