@@ -16,7 +16,7 @@ import threading
 from pyetcd import transactions as tx
 
 from streamtrain.jobstate.errors import CoordinationError, NotLeaderError
-from streamtrain.jobstate.etcd import Compare, Etcd, Lease, absent, create_revision_is, put_op
+from streamtrain.jobstate.etcd import Compare, Etcd, Lease, Op, absent, create_revision_is, nested_succeeded, put_op, txn_op
 from streamtrain.jobstate.predecessors import remove_if_gone
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,22 @@ class LeaderLock:
         """Raise if the lease is known lost; writes are fenced regardless."""
         if self._lease is None or self._lease.lost.is_set():
             raise NotLeaderError(f"lease of {self.key} expired")
+
+    def write(self, ops: list[Op]) -> None:
+        """`ops` in one transaction fenced on the lock; NotLeaderError if it is no longer ours."""
+        if not ops:
+            return
+        ok, _ = self._etcd.txn([self.fence()], ops)
+        if not ok:
+            raise NotLeaderError(f"{self.key} is no longer ours; stopping")
+
+    def write_if(self, compare: list[Compare], ops: list[Op]) -> bool:
+        """Fenced on the lock, then conditional on `compare`, in one round trip. Returns whether
+        the inner condition held (False: a trainer got there first)."""
+        ok, responses = self._etcd.txn([self.fence()], [txn_op(compare, ops)])
+        if not ok:
+            raise NotLeaderError(f"{self.key} is no longer ours; stopping")
+        return nested_succeeded(responses[0])
 
     def release(self) -> None:
         if self.revision is None:

@@ -1,4 +1,5 @@
-"""The master's decisions as pure functions of state: what to cut, fold, expire, restart.
+"""The master's decisions as pure functions of state: what to cut and in which transactions,
+fold, expire, restart.
 
 Nothing here touches etcd or Kafka (the service applies the decisions), so every rule can be
 tested exhaustively without services. The rules trainers apply too (claim order, retries) are
@@ -82,6 +83,33 @@ def cut_rounds(heads: Sequence[Head], max_records: int,
 
 def _waiting(cursor: PartitionCursor, end: int) -> int:
     return (end if cursor.stop is None else min(end, cursor.stop)) - cursor.next
+
+
+def transactions(tasks: Sequence[TaskRecord], max_ops: int) -> list[tuple[list[TaskRecord], dict[tuple[str, int], int]]]:
+    """`tasks` (in the order they are to be claimed) as consecutive transactions, each with
+    the end of its last task in every partition it reaches: the cursor put that covers them.
+
+    Tasks and their cursor go in one transaction, so every offset below a stored cursor belongs
+    to exactly one stored task across any crash; each holds as many tasks as fit in `max_ops`
+    operations with their cursor puts. Claims take the oldest transaction first
+    (`jobstate.queue.claim_order`), so the order of `tasks` is kept.
+    """
+    if max_ops < 2:
+        raise ValueError(f"max_ops {max_ops}: a transaction must hold a task and its cursor")
+    out: list[tuple[list[TaskRecord], dict[tuple[str, int], int]]] = []
+    i = 0
+    while i < len(tasks):
+        ends: dict[tuple[str, int], int] = {}
+        j = i
+        while j < len(tasks):
+            p = (tasks[j].topic, tasks[j].partition)
+            if (j - i) + len(ends) + (p not in ends) + 1 > max_ops:
+                break
+            ends[p] = tasks[j].end
+            j += 1
+        out.append((list(tasks[i:j]), ends))
+        i = j
+    return out
 
 
 def fold(cursor: PartitionCursor, resolved: Iterable[TaskRecord],

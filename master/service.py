@@ -2,6 +2,11 @@
 passes, watches membership, takes the job-wide checkpoints. Stateless: everything it needs is
 in etcd, so a standby that takes the lock continues exactly where the last leader's last
 committed transaction left off.
+
+The parts: the decisions, what to cut, fold, requeue, how a cut is packed into transactions,
+when a pass ends, are pure functions in plan.py; the lock and the writes fenced on it are
+leader.py's; the job-wide checkpoints are checkpoints.py's. This module reads etcd and Kafka
+each round and applies the decisions.
 """
 
 from __future__ import annotations
@@ -19,9 +24,8 @@ from streamtrain.infra import Endpoints
 from streamtrain.jobstate import queue
 from streamtrain.jobstate.checkpoints import restore_batches
 from streamtrain.jobstate.config import JobConfig
-from streamtrain.jobstate.errors import CoordinationError, NotLeaderError
-from streamtrain.jobstate.etcd import (MAX_TXN_OPS, Entry, Etcd, Op, absent, delete_op,
-                                       mod_revision_is, nested_succeeded, put_op, txn_op)
+from streamtrain.jobstate.errors import CoordinationError
+from streamtrain.jobstate.etcd import MAX_TXN_OPS, Entry, Etcd, Op, absent, delete_op, mod_revision_is, put_op
 from streamtrain.jobstate.observability import MasterMetrics
 from streamtrain.jobstate.offsets import InputOffsets, InputUnavailableError, Partition
 from streamtrain.jobstate.predecessors import this_holder
@@ -102,11 +106,11 @@ class Master:
         current = self.etcd.get(self.keys.config)
         if current is not None and current.value != blob:
             log.warning("job config in etcd differs from the job file; the job file wins")
-        self._write([put_op(self.keys.config, blob),
-                     put_op(self.keys.ps_desired, str(self.config.pservers.count).encode())])
+        self.lock.write([put_op(self.keys.config, blob),
+                         put_op(self.keys.ps_desired, str(self.config.pservers.count).encode())])
         # The slot map is written once: parameters already live where it says.
         slot_map = SlotMap.uniform(self.config.pservers.slots, self.config.pservers.count)
-        self._write_nested([absent(self.keys.slots)], [put_op(self.keys.slots, slot_map.to_json())])
+        self.lock.write_if([absent(self.keys.slots)], [put_op(self.keys.slots, slot_map.to_json())])
 
     def _load(self) -> None:
         self.cursors = {}
@@ -169,8 +173,8 @@ class Master:
             log.error("rollback to %s: %s; ignoring the request", request.to, exc)
             return
         for ops in batches:
-            self._write(ops)
-        self._write([put_op(self.keys.control("rollback"), request.next_phase().to_json())])
+            self.lock.write(ops)
+        self.lock.write([put_op(self.keys.control("rollback"), request.next_phase().to_json())])
         self._observed.clear()
         self._head_since.clear()
         self._load()
@@ -216,32 +220,20 @@ class Master:
 
     def _write_rounds(self, rounds: list[list[TaskRecord]], moved: dict[Partition, PartitionCursor],
                       new: list[Partition]) -> None:
-        """Rounds in order, as many tasks a transaction as fit: claims take the oldest
-        transaction first and its tasks round by round (`queue.claim_order`). Tasks and the
-        cursor that covers them go in the same transaction: every offset below a stored cursor
-        belongs to exactly one stored task, across any crash."""
+        """Rounds in order, each task with the cursor that covers it (`plan.transactions`);
+        a new partition's cursor even when nothing was cut from it."""
         tasks = [t for round_ in rounds for t in round_]
         cut = {(t.topic, t.partition) for t in tasks}
         idle = [moved[p] for p in new if p not in cut]
         for i in range(0, len(idle), MAX_TXN_OPS):
-            self._write([put_op(self.keys.cursor(c.topic, c.partition), c.to_json())
-                         for c in idle[i:i + MAX_TXN_OPS]])
+            self.lock.write([put_op(self.keys.cursor(c.topic, c.partition), c.to_json())
+                             for c in idle[i:i + MAX_TXN_OPS]])
             self._commit_cursors(idle[i:i + MAX_TXN_OPS])
-        i = 0
-        while i < len(tasks):
-            ends: dict[Partition, int] = {}  # a cursor put for each partition reached
-            j = i
-            while j < len(tasks):
-                p = (tasks[j].topic, tasks[j].partition)
-                if (j - i) + len(ends) + (p not in ends) + 1 > MAX_TXN_OPS:
-                    break
-                ends[p] = tasks[j].end
-                j += 1
+        for batch, ends in plan.transactions(tasks, MAX_TXN_OPS):
             at = [replace(moved[p], next=end) for p, end in ends.items()]
-            self._write([put_op(self.keys.task("todo", t.task_id), t.to_json()) for t in tasks[i:j]]
-                        + [put_op(self.keys.cursor(c.topic, c.partition), c.to_json()) for c in at])
+            self.lock.write([put_op(self.keys.task("todo", t.task_id), t.to_json()) for t in batch]
+                            + [put_op(self.keys.cursor(c.topic, c.partition), c.to_json()) for c in at])
             self._commit_cursors(at)
-            i = j
 
     def _commit_cursors(self, cursors: Iterable[PartitionCursor]) -> None:
         for c in cursors:
@@ -264,7 +256,7 @@ class Master:
             if reason is None:
                 continue
             state, retried = queue.retry_or_fail(task, self.config.tasks.max_attempts, reason)
-            applied = self._write_nested(
+            applied = self.lock.write_if(
                 [mod_revision_is(entry.key, entry.mod_revision)],
                 [delete_op(entry.key), put_op(self.keys.task(state, task.task_id), retried.to_json())])
             if applied:
@@ -305,14 +297,14 @@ class Master:
             group = [delete_op(done_keys[t.task_id]) for t in folded if t.task_id in done_keys]
             group.append(put_op(self.keys.cursor(new.topic, new.partition), new.to_json()))
             if len(ops) + len(group) > MAX_TXN_OPS:
-                self._write(ops)
+                self.lock.write(ops)
                 self._commit_cursors(moved)
                 ops, moved = [], []
             ops.extend(group)
             moved.append(new)
         ops.extend(self._trim_failed(failed_tasks))
         for i in range(0, len(ops), MAX_TXN_OPS):
-            self._write(ops[i:i + MAX_TXN_OPS])
+            self.lock.write(ops[i:i + MAX_TXN_OPS])
         self._commit_cursors(moved)
 
     def _trim_failed(self, failed: list[tuple[Entry, TaskRecord]]) -> list[Op]:
@@ -339,13 +331,13 @@ class Master:
                 continue
         decision, cursors = plan.next_pass(self.cursors.values(), self.config.input.passes, open_passes)
         if decision == "finished":
-            self._write([put_op(self.keys.state, JobState("finished", time.time()).to_json())])
+            self.lock.write([put_op(self.keys.state, JobState("finished", time.time()).to_json())])
             self.finished = True
             log.info("all %d passes trained; job finished", self.config.input.passes)
         elif decision == "advance":
             ops = [put_op(self.keys.cursor(c.topic, c.partition), c.to_json()) for c in cursors]
             for i in range(0, len(ops), MAX_TXN_OPS):
-                self._write(ops[i:i + MAX_TXN_OPS])
+                self.lock.write(ops[i:i + MAX_TXN_OPS])
             self._commit_cursors(cursors)
             log.info("pass %d begins", cursors[0].pass_no)
 
@@ -378,22 +370,6 @@ class Master:
                           if t not in now and at - left < self.config.tasks.timeout_s}
         self._members[kind] = now
         self.metrics.members(kind, len(now))
-
-    # -- fenced writes -------------------------------------------------------------------
-    def _write(self, ops: list[Op]) -> None:
-        if not ops:
-            return
-        ok, _ = self.etcd.txn([self.lock.fence()], ops)
-        if not ok:
-            raise NotLeaderError(f"{self.keys.master_lock} is no longer ours; stopping")
-
-    def _write_nested(self, compare: list, ops: list[Op]) -> bool:
-        """Fenced on the lock, then conditional on `compare`, in one round trip. Returns whether
-        the inner condition held (False: a trainer got there first)."""
-        ok, responses = self.etcd.txn([self.lock.fence()], [txn_op(compare, ops)])
-        if not ok:
-            raise NotLeaderError(f"{self.keys.master_lock} is no longer ours; stopping")
-        return nested_succeeded(responses[0])
 
     @staticmethod
     def _parse(entry: Entry) -> TaskRecord | None:

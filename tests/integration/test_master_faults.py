@@ -144,7 +144,7 @@ def test_every_master_write_is_refused_once_another_master_holds_the_lock(
     etcd.delete_prefix(keys.master_lock)
     etcd.put(keys.master_lock, json.dumps({"master": "new"}).encode())
     with pytest.raises(NotLeaderError):
-        master._write([put_op(keys.prefix + "probe", b"x")])
+        master.lock.write([put_op(keys.prefix + "probe", b"x")])
     assert etcd.get(keys.prefix + "probe") is None
     etcd.close()
 

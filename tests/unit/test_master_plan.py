@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -79,6 +80,30 @@ def test_cut_rounds_cut_what_cut_would_per_partition_within_the_budget(ends, bud
         assert [k for k, r in enumerate(rounds) for t in r if t in mine] == list(range(len(mine)))
     if len(cut) < budget:
         assert all(len(plan.cut(c, h.end, 700, linger, 1)[0]) == 0 for c, h in zip(moved, heads))
+
+
+@settings(max_examples=200, deadline=None)
+@given(ends=st.lists(st.integers(0, 3000), min_size=1, max_size=5), max_ops=st.integers(2, 12))
+def test_transactions_keep_the_order_fit_max_ops_and_carry_the_cursor_over_their_tasks(ends, max_ops) -> None:
+    heads = [plan.Head(PartitionCursor("clicks", p, 0, 0, 0), end, True) for p, end in enumerate(ends)]
+    tasks = [t for r in plan.cut_rounds(heads, max_records=100, budget=200)[0] for t in r]
+    txns = plan.transactions(tasks, max_ops)
+    assert [t for batch, _ in txns for t in batch] == tasks and all(batch for batch, _ in txns)
+    for (batch, cursors), after in zip(txns, [b[0] for b, _ in txns[1:]] + [None]):
+        assert len(batch) + len(cursors) <= max_ops
+        # As full as it can be: the next task, with its cursor if it is new, would not fit.
+        if after is not None:
+            assert len(batch) + 1 + len(cursors | {(after.topic, after.partition): 0}) > max_ops
+        assert cursors == {(t.topic, t.partition): max(u.end for u in batch if u.partition == t.partition)
+                           for t in batch}
+
+
+def test_transactions_need_room_for_a_task_and_its_cursor() -> None:
+    tasks = plan.cut(live(), end=300, max_records=100, linger_due=False, budget=10)[0]
+    assert plan.transactions(tasks, 2) == [([t], {("clicks", 0): t.end}) for t in tasks]
+    assert plan.transactions([], 2) == []
+    with pytest.raises(ValueError):
+        plan.transactions(tasks, 1)
 
 
 def test_task_ids_carry_the_pass_from_the_second_pass_on() -> None:
