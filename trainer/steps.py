@@ -24,8 +24,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from streamtrain.jobstate.paramstore import ChannelWatch
 from streamtrain.jobstate.redisnodes import Client, ShardNodes
+from streamtrain.jobstate.watches import ChannelWatch
 from streamtrain.schemas import BarrierSteps, RedisKeys
 from streamtrain.trainer.own import OwnPushes
 
@@ -118,7 +118,7 @@ class InFlight:
 
     `await_applied(timeout_s)` waits up to `timeout_s` for the shards' next publish rounds and
     returns the newest `applied` ({shard: {trainer id: step}}) they announced
-    (`jobstate.paramstore.AppliedWatch.wait`): the trainer sleeps until a round lands instead of
+    (`jobstate.watches.AppliedWatch.wait`): the trainer sleeps until a round lands instead of
     polling."""
 
     def __init__(self, limit: int, await_applied: Callable[[float], dict[int, dict[str, int]]],

@@ -33,9 +33,10 @@ from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.membership import register_trainer, wait_for_job_config
 from streamtrain.jobstate.observability import TrainerMetrics
 from streamtrain.jobstate.optimizers import make_rule
-from streamtrain.jobstate.paramstore import AppliedWatch, ParamClient
+from streamtrain.jobstate.paramstore import ParamClient
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.jobstate.tasks import ClaimedTask, TaskClient
+from streamtrain.jobstate.watches import AppliedWatch
 from streamtrain.schemas import DeadLetter, EtcdKeys, Topics
 from streamtrain.trainer.committer import Committer, Ended
 from streamtrain.trainer.broker import Broker

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from streamtrain.jobstate.optimizers import Adagrad
-from streamtrain.jobstate.paramstore import AppliedWatch, ParamClient, ParamsUnavailableError
+from streamtrain.jobstate.paramstore import ParamClient, ParamsUnavailableError
 from streamtrain.jobstate.sharding import SlotMap
+from streamtrain.jobstate.watches import AppliedWatch
 from streamtrain.pserver.publisher import Publisher, Snapshot
 from streamtrain.pserver.state import Changes, ShardState
 from streamtrain.schemas import DenseSlice, GradientDelta, RedisKeys, SparseRows, TaskRecord
@@ -165,7 +166,7 @@ def test_a_trainers_replica_follows_the_rounds_so_its_rows_are_current_before_th
 
 def test_a_watch_wakes_when_a_round_carries_a_newer_step_of_its_trainer_and_reads_the_keys_if_none_comes(
         redis_conn, unique) -> None:
-    job, slot_map = unique("watch"), SlotMap.uniform(128, 2)
+    job = unique("watch")
     publisher = Publisher(redis_conn, job, 1)
     publisher.send(Snapshot([], []), {"t": 3})  # before anyone listens: read from the key
     watch = AppliedWatch(redis_conn, job, 2, "t")
