@@ -64,7 +64,7 @@ from streamtrain.jobstate.config import JobConfig
 from streamtrain.jobstate.errors import CoordinationError
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.sharding import SlotMap
-from streamtrain.schemas import AppliedSteps, EtcdKeys, JobState, RedisKeys, ShardStats
+from streamtrain.schemas import AppliedSteps, EtcdKeys, JobState, RedisKeys, ShardStats, partition_label
 from streamtrain.supervisor import Supervisor, pid_alive
 from streamtrain.trainer.scoring import Scorer
 
@@ -449,7 +449,7 @@ def _signal(pid: int, sig: int) -> None:
 # -------------------------------------------------------------------------- the report
 def expected_counts(records: int, topic: str, passes: int) -> dict[str, int]:
     """What each shard must have applied per partition: `write_topic` alternates partitions."""
-    return {f"{topic}:0": (records + 1) // 2 * passes, f"{topic}:1": records // 2 * passes}
+    return {partition_label(topic, 0): (records + 1) // 2 * passes, partition_label(topic, 1): records // 2 * passes}
 
 
 def ledger(stats: list[ShardStats | None], want: dict[str, int]) -> dict:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from streamtrain.schemas import LedgerEntry, LedgerSnapshot, TaskRecord
+from streamtrain.schemas import LedgerEntry, LedgerSnapshot, TaskRecord, partition_label
 
 Partition = tuple[str, int]
 
@@ -71,7 +71,7 @@ class Dedup:
 
     def watermarks(self) -> dict[str, int]:
         """{"topic:partition": offset below which every task is applied}, for the manifest."""
-        return {f"{t}:{p}": l.watermark for (t, p), l in sorted(self._ledgers.items())}
+        return {partition_label(t, p): l.watermark for (t, p), l in sorted(self._ledgers.items())}
 
     @property
     def entries(self) -> int:

@@ -15,7 +15,7 @@ import numpy as np
 from streamtrain.jobstate.optimizers import UpdateRule
 from streamtrain.jobstate.rows import RowTable
 from streamtrain.pserver.dedup import Dedup
-from streamtrain.schemas import GradientDelta, StreamtrainError, TaskRecord
+from streamtrain.schemas import GradientDelta, StreamtrainError, TaskRecord, partition_label
 
 
 class BadDeltaError(StreamtrainError, ValueError):
@@ -91,13 +91,13 @@ class ShardState:
             mark = watermarks.get((task.topic, task.partition))
             if mark is not None and (task.pass_no < mark[0] or
                                      (task.pass_no == mark[0] and task.start < mark[1])):
-                self.examples_folded[f"{task.topic}:{task.partition}"] += self.examples.pop(task_id)
+                self.examples_folded[partition_label(task.topic, task.partition)] += self.examples.pop(task_id)
 
     def examples_by_partition(self) -> dict[str, int]:
         totals = Counter(self.examples_folded)
         for task_id, n in self.examples.items():
             task = TaskRecord.parse_id(task_id)
-            totals[f"{task.topic}:{task.partition}"] += n
+            totals[partition_label(task.topic, task.partition)] += n
         return dict(totals)
 
     def check(self, delta: GradientDelta) -> None:

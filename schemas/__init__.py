@@ -21,7 +21,7 @@ from .errors import SchemaError, StreamtrainError
 from .example import Example
 from .gradient import DenseSlice, GradientDelta, SparseRows, WireDtype
 from .job import AppliedSteps, BarrierStats, BarrierSteps, Holder, JobState, ShardStats, SlotOwners
-from .keys import CONTROLS, TASK_STATES, EtcdKeys, RedisKeys, Topics, validate_job_name
+from .keys import CONTROLS, TASK_STATES, EtcdKeys, RedisKeys, Topics, partition_label, partition_of, validate_job_name
 from .params import ParamBlock, decode_rows, encode_rows, encode_rows_matrix
 from .report import TaskReport
 from .rounds import FlushMark, PublishedRound, RoundRows
@@ -81,5 +81,7 @@ __all__ = [
     "decode_rows",
     "encode_rows",
     "encode_rows_matrix",
+    "partition_label",
+    "partition_of",
     "validate_job_name",
 ]

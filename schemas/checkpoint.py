@@ -14,6 +14,7 @@ from types import MappingProxyType
 from . import _json
 from ._check import U32_MAX, Check, nested
 from .errors import SchemaError
+from .keys import partition_of
 
 VERSION = 1
 _check = Check("CheckpointManifest", VERSION)
@@ -152,11 +153,10 @@ def _grad_topic(field: str, key: object) -> None:
 
 
 def _topic_partition(field: str, key: object) -> None:
-    topic, sep, partition = key.rpartition(":") if isinstance(key, str) else ("", "", "")
-    ok = sep and partition.isascii() and partition.isdigit() and len(partition) <= 10
-    if not ok or str(int(partition)) != partition or int(partition) >= 2**31:
-        raise _check.error(field, f"key {key!r} is not '<topic>:<partition>'")
-    _check.topic(field, topic)
+    try:
+        partition_of(key)
+    except SchemaError as exc:
+        raise _check.error(field, exc.reason) from None
 
 
 def _slots(value: object) -> tuple[int, ...]:

@@ -1,4 +1,6 @@
-"""Names every process must agree on: etcd keys, Redis keys and Kafka topics of one job."""
+"""Names every process must agree on: etcd keys, Redis keys and Kafka topics of one job, and
+the label of an input partition in the documents that count by partition. Each name that is
+read back has its parser here, next to the function that makes it."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ _job_check = Check("Job")
 _etcd_check = Check("EtcdKeys")
 _redis_check = Check("RedisKeys")
 _topic_check = Check("Topics")
+_partition_check = Check("PartitionLabel")
 # Loose on purpose (trainer ids are often host-pid-uuid); only what would break the key layout.
 _SEGMENT_MAX = 1024
 
@@ -270,6 +273,25 @@ class Topics:
     @property
     def metrics(self) -> str:
         return f"{self.job}.metrics"
+
+
+def partition_label(topic: str, partition: int) -> str:
+    """`<topic>:<partition>`: an input partition as a key of the JSON maps that count by
+    partition (a shard's `ShardStats.examples_by_partition`, a checkpoint's
+    `input_watermarks`, the live view's lag). A topic name has no ':', so it splits back."""
+    return f"{topic}:{partition}"
+
+
+def partition_of(label: object) -> tuple[str, int]:
+    """The (topic, partition) a `partition_label` names.
+
+    Raises: SchemaError unless `label` is a topic name, ':', and a partition in canonical
+    decimal below 2**31 (as Kafka numbers them)."""
+    topic, sep, partition = label.rpartition(":") if isinstance(label, str) else ("", "", "")
+    if not (sep and partition.isascii() and partition.isdigit() and len(partition) <= 10
+            and str(int(partition)) == partition and int(partition) < 2**31):
+        raise _partition_check.error("partition", f"{label!r} is not '<topic>:<partition>'")
+    return _partition_check.topic("topic", topic), int(partition)
 
 
 def _segment(field: str, value: object) -> str:

@@ -26,13 +26,12 @@ from rich.table import Table
 from rich.text import Text
 
 from streamtrain.infra import Endpoints
-from streamtrain.schemas import SchemaError, ShardStats, TaskReport
+from streamtrain.local import LocalJob, shard_of_child
+from streamtrain.schemas import SchemaError, ShardStats, TaskReport, partition_label, partition_of
 from streamtrain.supervisor import Supervisor
 
 if TYPE_CHECKING:
     from rich.console import Console
-
-    from streamtrain.local import LocalJob
 
 REFRESH_S = 0.5
 HEADLINE_EVERY_S = 5.0
@@ -47,7 +46,7 @@ class Snapshot:
     elapsed_s: float
     queues: dict[str, int] = field(default_factory=dict)
     lag: int | None = None  # records in the input not yet trained, all partitions
-    lag_by_partition: dict[str, int | None] = field(default_factory=dict)
+    lag_by_partition: dict[str, int | None] = field(default_factory=dict)  # by `partition_label`
     leader_pid: int | None = None
     trainers: int = 0
     pservers: int = 0
@@ -129,7 +128,7 @@ class JobMonitor:
         try:
             status = job_status(self.etcd, self.offsets, self.job)
             snap.queues = status.queues
-            snap.lag_by_partition = {f"{p.topic}:{p.partition}": p.lag for p in status.partitions}
+            snap.lag_by_partition = {partition_label(p.topic, p.partition): p.lag for p in status.partitions}
             lags = [p.lag for p in status.partitions]
             snap.lag = sum(lags) if lags and None not in lags else None
             snap.leader_pid = status.leader.pid if status.leader else None
@@ -237,7 +236,7 @@ def render(snap: Snapshot, supervisor: Supervisor, job: str, events: list[str]) 
     top.add_column()
     q = snap.queues
     top.add_row("job", f"{job}   {snap.elapsed_s:,.0f} s   trainers {snap.trainers}   pservers {snap.pservers}")
-    parts = "  ".join(f"p{p.rsplit(':', 1)[1]} {_num(v)}" for p, v in sorted(snap.lag_by_partition.items()))
+    parts = "  ".join(f"p{partition_of(p)[1]} {_num(v)}" for p, v in sorted(snap.lag_by_partition.items()))
     top.add_row("input lag", f"{_num(snap.lag)} records" + (f"   ({parts})" if parts else ""))
     top.add_row("tasks", f"todo {q.get('todo', '–')}   pending {q.get('pending', '–')}   "
                          f"done {q.get('done', '–')}   failed {q.get('failed', '–')}   "
@@ -257,8 +256,7 @@ def render(snap: Snapshot, supervisor: Supervisor, job: str, events: list[str]) 
     for c in supervisor.children.values():
         colour = colours.get(c.state, "red")
         detail = ""
-        if c.name.startswith("pserver-"):
-            i = int(c.name.split("-", 1)[1])
+        if (i := shard_of_child(c.name)) is not None:
             s = snap.shards[i] if i < len(snap.shards) else None
             if s is not None:
                 detail = (f"v{s.version}  {s.examples:,} applied  {s.checkpoints} ckpt"

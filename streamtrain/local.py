@@ -41,6 +41,17 @@ if TYPE_CHECKING:
 POLL_S = 0.2  # how soon an exited child is noticed (its restart backoff starts then)
 
 
+def pserver_child(index: int) -> str:
+    """The supervisor's name for shard `index`'s process (its log is `<name>.log`)."""
+    return f"pserver-{index}"
+
+
+def shard_of_child(name: str) -> int | None:
+    """The shard index of a child `pserver_child` named; None for any other child."""
+    index = name.removeprefix("pserver-")
+    return int(index) if index != name and index.isascii() and index.isdigit() else None
+
+
 class LocalJobError(StreamtrainError, RuntimeError):
     """A LocalJob used out of turn: started twice, or asked about before `start()`."""
 
@@ -108,7 +119,7 @@ class LocalJob:
         self.supervisor = Supervisor(self.endpoints.env(), self.log_dir)
         self.supervisor.add("master", ["master", "--job", str(self.job_file)])
         for i in range(self.config.pservers.count):
-            self.supervisor.add(f"pserver-{i}", ["pserver", "--job", self.name, "--index", str(i)])
+            self.supervisor.add(pserver_child(i), ["pserver", "--job", self.name, "--index", str(i)])
         for i in range(self.trainers):
             self.supervisor.add(f"trainer-{i}", ["trainer", "--job", self.name, "--id", f"trainer-{i}"])
         self.monitor = JobMonitor(self.endpoints, self.name, self.config.pservers.count, self._started)

@@ -161,8 +161,8 @@ def test_the_master_takes_periodic_rollback_targets_and_prunes_their_records(ser
     coord, background = Etcd.connect(services), Background()
 
     def records() -> list[str]:
-        return sorted(e.key.split("/")[-2] for e in coord.range(keys.checkpoints_prefix, keys_only=True)
-                      if e.key.endswith("/job"))
+        paths = [keys.checkpoint_path(e.key) for e in coord.range(keys.checkpoints_prefix, keys_only=True)]
+        return sorted(path[0] for path in paths if path[1:] == ("job",))
 
     try:
         run_job(services, coord, config, background, trainers=1)

@@ -34,11 +34,12 @@ def test_sync_barrier_releases_steps_and_lets_a_frozen_trainer_go(services, redi
         # Paused (no task is claimed) until both trainers are up: the first one up, alone, could
         # otherwise train most of the 250 steps, or all of them, before the other starts (a
         # fresh clone's CI saw the in-process one find no task left).
-        pause = EtcdKeys(config.name).control("pause")
+        keys = EtcdKeys(config.name)
+        pause = keys.control("pause")
         coord.put(pause, b"until both trainers are up")
         frozen = trainer_process(services, config.name, "frozen", tmp_path)
         background.start(lambda stop: Trainer(services, config.name, "steady", lease_ttl_s=2).run(stop))
-        wait_for(lambda: {e.key.rsplit("/", 1)[1] for e in coord.range(EtcdKeys(config.name).trainers_prefix)}
+        wait_for(lambda: {keys.trainer_of(e.key) for e in coord.range(keys.trainers_prefix)}
                  >= {"frozen", "steady"}, 90, "both trainers registered", interval=0.1)
         coord.delete_prefix(pause)
         # Both trainers at the barrier: each step waits for both.

@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.crc import key_slot
 
-from streamtrain.schemas import CONTROLS, TASK_STATES, EtcdKeys, RedisKeys, SchemaError, Topics, validate_job_name
+from streamtrain.schemas import (CONTROLS, TASK_STATES, EtcdKeys, RedisKeys, SchemaError, Topics, partition_label, partition_of,
+                                 validate_job_name)
 
 FAST = settings(max_examples=80, deadline=None)
 job_names = st.from_regex(r"[A-Za-z0-9._-]{1,100}", fullmatch=True).filter(lambda s: s not in (".", ".."))
@@ -165,3 +166,25 @@ def test_etcd_keys_parse_back_to_their_parts():
 )
 def test_keys_that_are_not_of_their_kind_raise_schema_error(call, field):
     raises_naming("EtcdKeys", field, call, EtcdKeys("ctr"))
+
+
+topics = st.from_regex(r"[A-Za-z0-9._-]{1,249}", fullmatch=True).filter(lambda s: s not in (".", ".."))
+
+
+@FAST
+@given(topic=topics, partition=st.integers(0, 2**31 - 1))
+def test_partition_labels_parse_back_to_their_topic_and_partition(topic, partition):
+    label = partition_label(topic, partition)
+    assert partition_of(label) == (topic, partition)
+    assert label == f"{topic}:{partition}"  # the stored form: shards' stats and checkpoints hold it
+
+
+@pytest.mark.parametrize(
+    "label, field",
+    [("clicks", "partition"), ("clicks:", "partition"), ("clicks:01", "partition"), ("clicks:-1", "partition"),
+     ("clicks:2147483648", "partition"), ("clicks:\u0662", "partition"), (3, "partition"),
+     (":0", "topic"), ("cl icks:0", "topic"), ("a:b:0", "topic")],
+)
+def test_labels_that_name_no_partition_raise_schema_error(label, field):
+    raises_naming("PartitionLabel", field, partition_of, label)
+
