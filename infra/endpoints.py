@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from streamtrain.schemas import ServicePorts
@@ -35,23 +35,14 @@ def state_home() -> Path:
 
 
 @dataclass(frozen=True)
-class Ports:
+class Ports(ServicePorts):
     """Loopback ports of the local services; six consecutive ports from a base by default
     (the schema registry's is used only when one is started). An etcd of several members has
     the others' (client, peer) ports in `etcd_more`; a Kafka of several brokers the others'
     (client, controller) ports in `kafka_more`; a Redis Cluster every node's (client, cluster
     bus) ports in `redis_cluster`, the first's client port `redis` (half of the nodes masters,
-    each with a replica)."""
-
-    kafka: int
-    kafka_controller: int
-    etcd: int
-    etcd_peer: int
-    redis: int
-    registry: int
-    etcd_more: tuple[tuple[int, int], ...] = ()
-    kafka_more: tuple[tuple[int, int], ...] = ()
-    redis_cluster: tuple[tuple[int, int], ...] = ()
+    each with a replica). The fields, their checks and their file are `schemas.ServicePorts`'s,
+    which every process reads; this class says what they mean."""
 
     @property
     def etcd_members(self) -> list[tuple[int, int]]:
@@ -210,10 +201,9 @@ def recorded_ports(home: Path) -> Ports | None:
     Raises:
         SchemaError: the file is malformed or of an unknown version (the message names it).
     """
-    recorded = ServicePorts.read(home / STATE_FILE)
-    return None if recorded is None else Ports(**{f.name: getattr(recorded, f.name) for f in fields(ServicePorts)})
+    return Ports.read(home / STATE_FILE)
 
 
 def record_ports(home: Path, ports: Ports) -> None:
     home.mkdir(parents=True, exist_ok=True)
-    ServicePorts(**asdict(ports)).write(home / STATE_FILE)
+    ports.write(home / STATE_FILE)

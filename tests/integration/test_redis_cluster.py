@@ -16,18 +16,13 @@ from dataclasses import replace
 
 import pytest
 from conftest import wait_for
-from test_trainer import HOLDOUT, LABELS, MODEL, all_done, applied_exactly, make_job, write_examples
+from test_trainer import MODEL, all_done, applied_exactly, job_and_one_process_auc, make_job, write_examples
 
 from streamtrain import JobConfig, LocalJob
 from streamtrain.infra import InfraError, LocalServices, Ports
 from streamtrain.infra.clients import TopicSpec, ensure_topics, redis_client
 from streamtrain.infra.endpoints import ENV_ETCD, ENV_KAFKA
-from streamtrain.jobstate.etcd import Etcd
-from streamtrain.jobstate.sharding import SlotMap
-from streamtrain.schemas import EtcdKeys, RedisKeys
-from streamtrain.trainer.local import LocalTrainer
-from streamtrain.trainer.metrics import auc
-from streamtrain.trainer.scoring import Scorer
+from streamtrain.schemas import RedisKeys
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -77,15 +72,7 @@ def test_a_job_goes_on_through_a_redis_masters_death(services, redis_cluster, un
         result = job.result
         assert result is not None and result.tasks.get("todo") == 0 and result.tasks.get("pending") == 0, result
 
-        etcd = Etcd.connect(endpoints)
-        try:
-            slot_map = SlotMap.from_json(etcd.get(EtcdKeys(config.name).slots).value)
-        finally:
-            etcd.close()
-        distributed = auc(LABELS, Scorer(config, client, slot_map).score(HOLDOUT))
-        local = LocalTrainer(config)
-        local.train(train)
-        single = auc(LABELS, local.score(HOLDOUT))
+        distributed, single = job_and_one_process_auc(endpoints, client, config, train)
         assert abs(distributed - single) < 0.01, (distributed, single)
     finally:
         client.close()

@@ -154,18 +154,28 @@ def distributed_and_single_auc(services, redis_conn, config, train, topic: str, 
     in the order `train` was written (round robin over the partitions) for two or more
     trainers, in the order the trainer took its tasks for one."""
     train_one_pass(services, redis_conn, config, topic, counts, trainers)
+    if trainers > 1:
+        return job_and_one_process_auc(services, redis_conn, config, train)
+    local = LocalTrainer(config)
+    for part in trained_in_order(services, config.name, counts, lambda p, o: train[o * len(counts) + p]):
+        local.train(part)
+    return job_holdout_auc(services, redis_conn, config), auc(LABELS, local.score(HOLDOUT))
+
+
+def job_and_one_process_auc(services: Endpoints, redis_conn, config, train: list[Example]) -> tuple[float, float]:
+    """The holdout AUC of the parameters a job left in Redis, and of one process trained on
+    `train` in its order."""
+    local = LocalTrainer(config)
+    local.train(train)
+    return job_holdout_auc(services, redis_conn, config), auc(LABELS, local.score(HOLDOUT))
+
+
+def job_holdout_auc(services: Endpoints, redis_conn, config) -> float:
     coord = Etcd.connect(services)
     try:
-        distributed = holdout_auc(coord, redis_conn, config)
+        return holdout_auc(coord, redis_conn, config)
     finally:
         coord.close()
-    local = LocalTrainer(config)
-    if trainers == 1:
-        for part in trained_in_order(services, config.name, counts, lambda p, o: train[o * len(counts) + p]):
-            local.train(part)
-    else:
-        local.train(train)
-    return distributed, auc(LABELS, local.score(HOLDOUT))
 
 
 def trained_in_order(services: Endpoints, job: str, counts: dict[int, int],
