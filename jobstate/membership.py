@@ -54,12 +54,17 @@ def register_trainer(etcd: Etcd, job: str, trainer_id: str, ttl_s: int = 10) -> 
 def register_pserver(etcd: Etcd, job: str, address: str, ttl_s: int = 10,
                      wait_s: float = 0.0, index: int | None = None) -> tuple[int, Lease]:
     """Take the first free pserver index below ps_desired, or exactly `index`. Waits up to
-    `wait_s` for one to free up (a restarted shard whose old lease has not expired yet)."""
+    `wait_s` for one to free up (a restarted shard whose old lease has not expired yet).
+
+    Raises:
+        NoFreeIndexError: no index is free (or `index` is not below ps_desired) in time.
+        SchemaError: ps_desired holds no shard count.
+    """
     keys = EtcdKeys(job)
     deadline = time.monotonic() + wait_s
     while True:
         desired_entry = etcd.get(keys.ps_desired)
-        desired = int(desired_entry.value) if desired_entry else 0
+        desired = keys.ps_desired_of(desired_entry.value) if desired_entry else 0
         if index is not None and not 0 <= index < desired:
             raise NoFreeIndexError(f"pserver index {index} is outside job {job!r}'s {desired} shards")
         lease = etcd.lease(ttl_s)

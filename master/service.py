@@ -107,7 +107,7 @@ class Master:
         if current is not None and current.value != blob:
             log.warning("job config in etcd differs from the job file; the job file wins")
         self.lock.write([put_op(self.keys.config, blob),
-                         put_op(self.keys.ps_desired, str(self.config.pservers.count).encode())])
+                         put_op(self.keys.ps_desired, self.keys.ps_desired_value(self.config.pservers.count))])
         # The slot map is written once: parameters already live where it says.
         slot_map = SlotMap.uniform(self.config.pservers.slots, self.config.pservers.count)
         self.lock.write_if([absent(self.keys.slots)], [put_op(self.keys.slots, slot_map.to_json())])

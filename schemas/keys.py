@@ -64,7 +64,25 @@ class EtcdKeys:
 
     @property
     def ps_desired(self) -> str:
+        """The number of shards the master wants (`pservers.count`), in decimal: its value is
+        made by `ps_desired_value` and read by `ps_desired_of`."""
         return f"{self.prefix}ps_desired"
+
+    def ps_desired_value(self, count: int) -> bytes:
+        """What `ps_desired` holds for `count` shards: the decimal integer, in ASCII."""
+        return str(_etcd_check.integer("ps_desired", count, hi=U32_MAX)).encode()
+
+    def ps_desired_of(self, value: object) -> int:
+        """The shard count `ps_desired` holds.
+
+        Raises: SchemaError (field ``ps_desired``), naming the key and the value, unless
+        `value` is bytes in canonical decimal (no sign, spaces or leading zeros) up to 2**32-1.
+        """
+        text = value.decode("ascii", "replace") if isinstance(value, bytes) else ""
+        if not (text.isascii() and text.isdigit() and len(text) <= 10 and str(int(text)) == text
+                and int(text) <= U32_MAX):
+            raise _etcd_check.error("ps_desired", f"{value!r} at {self.ps_desired} is not a decimal shard count")
+        return int(text)
 
     @property
     def ps_prefix(self) -> str:

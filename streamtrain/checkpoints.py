@@ -53,10 +53,17 @@ class Checkpoint:
 
 
 def shard_count(etcd: Etcd, job: str) -> int:
-    entry = etcd.get(EtcdKeys(job).ps_desired)
+    """The job's shard count as its master wrote it (`ps_desired`).
+
+    Raises:
+        CheckpointError: no master wrote it yet.
+        SchemaError: it holds no shard count.
+    """
+    keys = EtcdKeys(job)
+    entry = etcd.get(keys.ps_desired)
     if entry is None:
         raise CheckpointError(f"job {job!r} has no ps_desired in etcd: start its master first")
-    return int(entry.value)
+    return keys.ps_desired_of(entry.value)
 
 
 class Paused:

@@ -190,7 +190,7 @@ def publish_job(etcd: Etcd, config: JobConfig) -> None:
 
     keys = EtcdKeys(config.name)
     etcd.put(keys.config, config.to_json())
-    etcd.put(keys.ps_desired, str(config.pservers.count).encode())
+    etcd.put(keys.ps_desired, keys.ps_desired_value(config.pservers.count))
     etcd.put(keys.slots, SlotMap.uniform(config.pservers.slots, config.pservers.count).to_json())
 
 

@@ -349,7 +349,7 @@ def test_a_key_whose_holder_is_a_dead_process_of_this_machine_is_taken_at_once(s
     job = unique("successor")
     keys = EtcdKeys(job)
     etcd = Etcd.connect(services)
-    etcd.put(keys.ps_desired, b"1")
+    etcd.put(keys.ps_desired, keys.ps_desired_value(1))
     _held_by(etcd, keys.ps(0), _dead_pid())
     began = time.monotonic()
     index, lease = register_pserver(etcd, job, "127.0.0.1:1", wait_s=5, index=0)

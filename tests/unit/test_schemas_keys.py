@@ -168,6 +168,29 @@ def test_keys_that_are_not_of_their_kind_raise_schema_error(call, field):
     raises_naming("EtcdKeys", field, call, EtcdKeys("ctr"))
 
 
+@FAST
+@given(st.integers(0, 2**32 - 1))
+def test_ps_desired_holds_the_shard_count_in_decimal_and_reads_back(count):
+    keys = EtcdKeys("ctr")
+    assert keys.ps_desired_value(count) == str(count).encode()  # what masters have always written
+    assert keys.ps_desired_of(keys.ps_desired_value(count)) == count
+
+
+@pytest.mark.parametrize("value", [b"", b"x", b"-1", b"+2", b" 2", b"2 ", b"02", b"1_000", b"2.0", b"\xd9\xa2",
+                                   b"4294967296", b"9" * 40, "2", 2, None])
+def test_a_ps_desired_that_is_no_shard_count_raises_schema_error_naming_key_and_value(value):
+    keys = EtcdKeys("ctr")
+    raises_naming("EtcdKeys", "ps_desired", keys.ps_desired_of, value)
+    with pytest.raises(SchemaError) as info:
+        keys.ps_desired_of(value)
+    assert keys.ps_desired in str(info.value) and repr(value) in str(info.value)
+
+
+@pytest.mark.parametrize("count", [-1, 2**32, True, 2.0, "2"])
+def test_a_ps_desired_of_no_shard_count_is_not_written(count):
+    raises_naming("EtcdKeys", "ps_desired", EtcdKeys("ctr").ps_desired_value, count)
+
+
 topics = st.from_regex(r"[A-Za-z0-9._-]{1,249}", fullmatch=True).filter(lambda s: s not in (".", ".."))
 
 
