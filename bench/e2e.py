@@ -60,9 +60,9 @@ from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.producers.clickmodel import ClickModel, ClickModelConfig, ImpressionColumns, auc
 from streamtrain.schemas import EtcdKeys, Example, RedisKeys, ShardStats
 from streamtrain.trainer.features import Featurizer
+from streamtrain.trainer.models import build_model, model_spec
 from streamtrain.trainer.params import RowLayout
 from streamtrain.trainer.scoring import Scorer
-from streamtrain.trainer.worker import build_model, model_spec
 
 MODELS = {"lr": "streamtrain.trainer.models:LogisticRegression", "widedeep": "streamtrain.trainer.models:WideDeep",
           "deepfm": "streamtrain.trainer.models:DeepFM"}

@@ -166,7 +166,7 @@ def run(endpoints: Endpoints, args: argparse.Namespace, home: Path, service_pids
         startup_s = time.perf_counter() - began
         trained(args.warmup)
         timed = trainer.stats.examples  # the clock starts on a mini-batch boundary
-        pids = {"trainer": os.getpid(), "trainer's loader": trainer.loader.pid, "master": procs[0].pid,
+        pids = {"trainer": os.getpid(), "trainer's loader": trainer.parts.loader.pid, "master": procs[0].pid,
                 "shard 0": procs[1].pid, "shard 1": procs[2].pid, **service_pids}
         first, cpu_before = time.perf_counter(), cpu_seconds(pids)
         trained(len(values))

@@ -4,7 +4,8 @@ Per task: records are decoded (bad ones dead-lettered), cut into mini-batches of
 `model.batch_size` good examples in offset order, and mini-batches into push groups of
 `train.push_every`; group g carries `(task_id, seq=g)`. The cut depends only on the records,
 so every attempt of a task produces the same keys and the pservers apply each group once.
-A group is pulled and trained by trainer/groups.py; this module runs tasks and pushes. Each
+A group is pulled and trained by trainer/groups.py; this module runs tasks and pushes, with the
+parts trainer/assembly.py wires once the job's config is known (`TrainerParts`). Each
 group's deltas are produced as it is made (trainer/delivery.py); a background thread
 (trainer/committer.py) waits for their acknowledgement and commits the task's side outputs,
 and the task is completed in etcd only after that. What a pull misses of this trainer's own
@@ -26,31 +27,22 @@ from dataclasses import dataclass, field
 import redis
 import torch
 from streamtrain.infra import Endpoints
-from streamtrain.infra.clients import redis_client
 from streamtrain.jobstate.config import JobConfig
-from streamtrain.jobstate.errors import MasterError, TaskLostError
-from streamtrain.jobstate.etcd import Etcd
+from streamtrain.jobstate.errors import TaskLostError
+from streamtrain.jobstate.etcd import Etcd, Lease
 from streamtrain.jobstate.membership import register_trainer, wait_for_job_config
 from streamtrain.jobstate.observability import TrainerMetrics
-from streamtrain.jobstate.optimizers import make_rule
-from streamtrain.jobstate.paramstore import ParamClient
-from streamtrain.jobstate.sharding import SlotMap
-from streamtrain.jobstate.tasks import ClaimedTask, TaskClient
-from streamtrain.jobstate.watches import AppliedWatch
-from streamtrain.schemas import DeadLetter, EtcdKeys, Topics
-from streamtrain.trainer.committer import Committer, Ended
+from streamtrain.jobstate.tasks import ClaimedTask
+from streamtrain.schemas import DeadLetter, EtcdKeys
+from streamtrain.trainer.assembly import TrainerParts, assemble
 from streamtrain.trainer.broker import Broker
+from streamtrain.trainer.committer import Ended
 from streamtrain.trainer.features import Batch, MiniBatches
 from streamtrain.trainer.feed import Chunk, TaskFeed
-from streamtrain.trainer.groups import GroupTrainer, rows_in_flight
 from streamtrain.trainer.loader import BadRecord, Loaded
 from streamtrain.trainer.metrics import TaskMetrics
-from streamtrain.trainer.models import build_model, default_device, model_spec, use_torch_threads
-from streamtrain.trainer.own import OwnPushes, OwnRows
-from streamtrain.trainer.params import DenseLayout, GradientBuffer, ParamSync, RowLayout
+from streamtrain.trainer.models import default_device
 from streamtrain.trainer.policy import Stopped, heartbeat_due, task_end
-from streamtrain.trainer.replica import RowReplica
-from streamtrain.trainer.steps import InFlight, StepGate
 
 log = logging.getLogger(__name__)
 
@@ -113,93 +105,56 @@ class Trainer:
         self.device = device or default_device()
         self.lease_ttl_s = lease_ttl_s
         self.stats = TrainerStats()
-        self.step = 0  # push groups sent, across tasks
         self.obs = TrainerMetrics.for_trainer(job, self.trainer_id)  # Prometheus, docs/observability.md
+        # Known once the job's config is (`run`): the run's parts (trainer/assembly.py), and the
+        # membership lease, renewed by the feed's thread and the training thread alike.
+        self.parts: TrainerParts | None = None
+        self.lease: Lease | None = None
+        self._membership_lock = threading.Lock()
+        self.step = 0  # push groups sent, across tasks: the next push's step
 
     @property
     def registered(self) -> bool:
         """Set up and a member of the job (its readiness): its lease held."""
-        lease = getattr(self, "lease", None)
-        return lease is not None and not lease.lost.is_set() and hasattr(self, "committer")
+        lease = self.lease
+        return lease is not None and not lease.lost.is_set() and self.parts is not None
 
     # -- life cycle ----------------------------------------------------------------------
     def run(self, stop: threading.Event, max_tasks: int | None = None) -> None:
-        self.etcd = self._given_etcd or Etcd.connect(self.endpoints)
+        etcd = self._given_etcd or Etcd.connect(self.endpoints)
         try:
-            config = wait_for_job_config(self.etcd, self.job, stop, log)
+            config = wait_for_job_config(etcd, self.job, stop, log)
             if config is None:
                 return
-            self._setup(config)
+            parts = self._setup(etcd, config)
             try:
                 self._loop(stop, max_tasks)
             finally:
                 try:
-                    self.committer.close()  # raises what stopped its thread (a broken producer)
+                    parts.committer.close()  # raises what stopped its thread (a broken producer)
                 finally:
-                    self.loader.close()
-                    self.delivery.close()
-                    self.applied_watch.close()
-                    self.gate.close()
+                    parts.loader.close()
+                    parts.delivery.close()
+                    parts.applied_watch.close()
+                    parts.gate.close()
                     if self._given_redis is None:
-                        self.redis.close()
+                        parts.redis.close()
                     self.lease.revoke()
                     gc.unfreeze()
         finally:
             if self._given_etcd is None:
-                self.etcd.close()
+                etcd.close()
 
-    def _setup(self, config: JobConfig) -> None:
-        self.config = config
-        self.topics = Topics(config.name)
-        self.lease = register_trainer(self.etcd, config.name, self.trainer_id, self.lease_ttl_s)
-        self._membership_lock = threading.Lock()  # the feed's thread and the training thread renew it
-        self.tasks = TaskClient.for_job(self.etcd, config.name, self.trainer_id)
-        for task_id in self.tasks.requeue_predecessors():
-            log.warning("trainer %s: task %s was still held under this id by a predecessor; requeued",
-                        self.trainer_id, task_id)
-        slots = self.etcd.get(EtcdKeys(config.name).slots)
-        if slots is None:
-            raise MasterError(f"job {config.name!r} has no slot map in etcd: start its master first")
-        self.slot_map = SlotMap.from_json(slots.value)
-        self.shards = self.slot_map.shards
-        self.broker.ensure_topics(config, self.shards)
-        spec = model_spec(config)
-        # Started first: the child's imports overlap the rest of the start-up. Records are
-        # decoded in chunks large enough to amortise the per-chunk numpy calls.
-        self._chunk_records = max(config.model.batch_size, 4096)
-        self.loader = self.broker.loader(config, self.trainer_id, spec.fields, spec.dense_features,
-                                         self._chunk_records)
-        use_torch_threads(config)
-        self.model = build_model(config).to(self.device)
-        self.rows = RowLayout.of(self.model.tables)
-        self.layout = DenseLayout(self.model)
-        self.layout.load({})
-        self.redis = self._given_redis or redis_client(self.endpoints)
-        client = ParamClient(self.redis, config.name, self.slot_map)
-        self.sync = ParamSync(client, self.layout, replica=RowReplica(self.rows.name, self.rows.width, self.shards))
-        self.buffer = GradientBuffer(self.slot_map, self.shards)
-        # Read-your-writes (trainer/own.py): the dense changes of the pushes the shards have not
-        # published yet are added to every pull, estimated with the job's own update rule.
-        rule = make_rule(config.pservers.optimizer, lr=config.train.learning_rate)
-        self.own = OwnPushes(rule, self.trainer_id, self.shards)
-        # Rows are estimated when a step may train before the shards publish an earlier one:
-        # within a push group, and after pushes a trainer may leave in flight.
-        own_rows = OwnRows(rule, self.rows.width) if config.train.push_every > 1 or rows_in_flight(config) else None
-        self.groups = GroupTrainer(config, self.model, self.layout, self.rows, self.sync, self.buffer, self.own,
-                                   own_rows, self.slot_map, self.device, self.obs)
-        self.gate = StepGate(self.redis, config.name, self.shards, config.train.sgd, config.train.staleness,
-                             self.trainer_id, max_wait_s=max(1.0, config.tasks.timeout_s / 3))
-        self.applied_watch = AppliedWatch(self.redis, config.name, self.shards, self.trainer_id)
-        self.in_flight = InFlight(config.train.max_in_flight, self.applied_watch.wait, self.trainer_id,
-                                  max_wait_s=max(1.0, config.tasks.timeout_s / 3)
-                                  ) if config.train.sgd == "async" else None
-        self.step = self.gate.first_step() if self.gate.active else self.own.first_step(client.applied())
-        self.delivery = self.broker.delivery(config, self.trainer_id)
-        self.committer = Committer(self.delivery, self.tasks, self._ended)
+    def _setup(self, etcd: Etcd, config: JobConfig) -> TrainerParts:
+        self.lease = register_trainer(etcd, config.name, self.trainer_id, self.lease_ttl_s)
+        parts = self.parts = assemble(config, self.trainer_id, etcd=etcd, redis_conn=self._given_redis,
+                                      endpoints=self.endpoints, broker=self.broker, device=self.device,
+                                      obs=self.obs, ended=self._ended)
+        self.step = parts.first_step
         try:
-            self.loader.wait_ready()
+            parts.loader.wait_ready()
         except BaseException:
-            self.loader.close()
+            parts.loader.close()
             raise
         # Frozen, the ~200k long-lived objects of torch and the clients are not walked again
         # at every full collection.
@@ -209,13 +164,15 @@ class Trainer:
         # training thread to let go of it.
         sys.setswitchinterval(0.001)
         log.info("trainer %s: model %s on %s, %d shards, delivery %s", self.trainer_id,
-                 config.model.factory, self.device, self.shards, config.train.delivery)
+                 config.model.factory, self.device, parts.slot_map.shards, config.train.delivery)
+        return parts
 
     def _loop(self, stop: threading.Event, max_tasks: int | None) -> None:
+        parts = self.parts
         # Claimed ahead: at least a loader chunk's worth of records (trainer/feed.py).
-        feed = TaskFeed(self._next_task, self.loader, max_tasks, ahead_records=self._chunk_records,
-                        heartbeat=self.tasks.heartbeat,
-                        heartbeat_every_s=self.config.tasks.timeout_s / 3).start()
+        feed = TaskFeed(self._next_task, parts.loader, max_tasks, ahead_records=parts.chunk_records,
+                        heartbeat=parts.tasks.heartbeat,
+                        heartbeat_every_s=parts.config.tasks.timeout_s / 3).start()
         done = 0
         try:
             while not stop.is_set() and (max_tasks is None or done < max_tasks):
@@ -226,15 +183,16 @@ class Trainer:
                 done += 1
         finally:
             for unbegun in feed.close():
-                self._quietly(lambda t=unbegun: self.tasks.release(t))
+                self._quietly(lambda t=unbegun: parts.tasks.release(t))
 
     def _train_fed(self, feed: TaskFeed, first: Chunk, stop: threading.Event) -> None:
         """Train one task from the feed and hand its end to the committer; a task lost, failed
         or given back ends here."""
-        run = TaskRun.of(first, self.trainer_id, self.config.model.batch_size)
+        parts = self.parts
+        run = TaskRun.of(first, self.trainer_id, parts.config.model.batch_size)
         try:
             metrics = self.train_task(run, feed, stop)
-            self.committer.end(run.task, self.delivery.take(), metrics)
+            parts.committer.end(run.task, parts.delivery.take(), metrics)
             return
         except Exception as exc:  # noqa: BLE001  task_end decides which errors end only the task
             end = task_end(exc)
@@ -244,16 +202,16 @@ class Trainer:
                 log.warning("trainer %s: task %s: %s%s", self.trainer_id, first.task.task_id, exc,
                             f"; {end.why}" if end.why else "")
             if end.ending == "failed":
-                self._quietly(lambda t=run.task, e=exc: self.tasks.fail(t, str(e)))
+                self._quietly(lambda t=run.task, e=exc: parts.tasks.fail(t, str(e)))
             if end.wait_s:
                 stop.wait(end.wait_s)
             ending = end.ending
-        self.delivery.discard()
-        self.committer.drop(run.task.task_id)
-        self.own.forget(run.task.task_id)
+        parts.delivery.discard()
+        parts.committer.drop(run.task.task_id)
+        parts.own.forget(run.task.task_id)
         feed.abandon(run.fed)
         if ending == "released":
-            self._quietly(lambda t=run.task: self.tasks.release(t))
+            self._quietly(lambda t=run.task: parts.tasks.release(t))
         self.stats.ended(ending)
         self.obs.task_ended(ending)
 
@@ -274,11 +232,12 @@ class Trainer:
 
     def _next_task(self) -> ClaimedTask | None:
         self._keep_membership()
-        return None if self._paused() else self.tasks.claim()
+        return None if self._paused() else self.parts.tasks.claim()
 
     def _paused(self) -> bool:
         """`control/pause` set (a rollback): finish the task in hand, claim no other."""
-        return self.etcd.get(EtcdKeys(self.config.name).control("pause")) is not None
+        parts = self.parts
+        return parts.etcd.get(EtcdKeys(parts.config.name).control("pause")) is not None
 
     @staticmethod
     def _quietly(call) -> None:
@@ -288,23 +247,27 @@ class Trainer:
             pass
 
     # -- one task ------------------------------------------------------------------------
+    # The parts are bound to locals once per task or per push group, not looked up through
+    # `self.parts` per mini-batch.
     def train_task(self, run: TaskRun, feed: TaskFeed, stop: threading.Event) -> TaskMetrics:
         """Train the task of `run`, reading the rest of its records from `feed`; its last
-        messages stay in `self.delivery` for the committer."""
+        messages stay in the parts' delivery for the committer."""
+        parts = self.parts
         metrics = run.metrics
-        if heartbeat_due(time.monotonic() - run.heartbeat_at, self.config.tasks.timeout_s):
+        push_every = parts.config.train.push_every
+        if heartbeat_due(time.monotonic() - run.heartbeat_at, parts.config.tasks.timeout_s):
             self._heartbeat(run)  # it waited in the feed: still ours?
-        self.model.zero_grad(set_to_none=True)
-        self.buffer.clear()
+        parts.model.zero_grad(set_to_none=True)
+        parts.buffer.clear()
         group: list[Batch] = []
         for batch in self._mini_batches(run, feed, stop):
             group.append(batch)
-            if len(group) == self.config.train.push_every:
+            if len(group) == push_every:
                 self._train_group(run, group)
                 group = []
         if group:
             self._train_group(run, group)
-        self.delivery.add(self.topics.metrics, metrics.report().to_json(), run.task.task_id.encode())
+        parts.delivery.add(parts.topics.metrics, metrics.report().to_json(), run.task.task_id.encode())
         return metrics
 
     def _mini_batches(self, run: TaskRun, feed: TaskFeed, stop: threading.Event) -> Iterator[Batch]:
@@ -336,45 +299,48 @@ class Trainer:
         yield from run.batcher.feed(loaded.block)
 
     def _dead_letter(self, run: TaskRun, bad: BadRecord) -> None:
+        parts = self.parts
         run.metrics.bad_records += 1
         self.stats.bad_records += 1
         self.obs.bad_records.inc()
         letter = DeadLetter(bad.topic, bad.partition, bad.offset, bad.reason, bad.value,
-                            self.config.name, int(time.time() * 1000))
+                            parts.config.name, int(time.time() * 1000))
         # Keyed by position: the DLQ is compacted, so a re-run task leaves one entry per record.
-        self.delivery.add(self.topics.dlq, letter.to_json(), f"{bad.topic}:{bad.partition}:{bad.offset}".encode())
+        parts.delivery.add(parts.topics.dlq, letter.to_json(), f"{bad.topic}:{bad.partition}:{bad.offset}".encode())
 
     def _train_group(self, run: TaskRun, batches: list[Batch]) -> None:
         """Train one push group (trainer/groups.py), then push it."""
-        self.groups.train(batches, run.metrics)
+        parts = self.parts
+        parts.groups.train(batches, run.metrics)
         examples = sum(batch.size for batch in batches)
         self.stats.examples += examples
-        self._push(run, examples)
+        self._push(parts, run, examples)
 
-    def _push(self, run: TaskRun, examples: int) -> None:
+    def _push(self, parts: TrainerParts, run: TaskRun, examples: int) -> None:
         started = time.perf_counter()
         task_id = run.task.task_id
-        self.committer.raise_failed(task_id)
-        for delta in self.buffer.deltas(task_id, run.seq, self.trainer_id, self.step, examples):
-            self.delivery.send(self.topics.grad(delta.shard), delta.to_bytes(), task_id.encode())
-        self.own.pushed(self.step, task_id)
+        committer = parts.committer
+        committer.raise_failed(task_id)
+        for delta in parts.buffer.deltas(task_id, run.seq, self.trainer_id, self.step, examples):
+            parts.delivery.send(parts.topics.grad(delta.shard), delta.to_bytes(), task_id.encode())
+        parts.own.pushed(self.step, task_id)
         run.seq += 1
         pushed, self.step = self.step, self.step + 1
         # The committer waits for the push's acknowledgement; the training thread never does.
         # The task's side outputs wait for its end.
-        self.committer.hand(task_id)
-        if self.gate.active:
-            self.step = self.gate.after_push(pushed, lambda: self.committer.raise_failed(task_id))
-        elif self.in_flight is not None:
-            self.in_flight.wait(self.own, pushed, lambda: self.committer.raise_failed(task_id))
-        if heartbeat_due(time.monotonic() - run.heartbeat_at, self.config.tasks.timeout_s):
+        committer.hand(task_id)
+        if parts.gate.active:
+            self.step = parts.gate.after_push(pushed, lambda: committer.raise_failed(task_id))
+        elif parts.in_flight is not None:
+            parts.in_flight.wait(parts.own, pushed, lambda: committer.raise_failed(task_id))
+        if heartbeat_due(time.monotonic() - run.heartbeat_at, parts.config.tasks.timeout_s):
             self._heartbeat(run)
         elapsed = time.perf_counter() - started
         run.metrics.push_s += elapsed
         self.obs.push_seconds.observe(elapsed)
 
     def _heartbeat(self, run: TaskRun) -> None:
-        run.task = self.tasks.heartbeat(run.task)
+        run.task = self.parts.tasks.heartbeat(run.task)
         run.heartbeat_at = time.monotonic()
         self._keep_membership()  # a long task must not leave it lapsed: the master requeues for that
 
@@ -382,4 +348,5 @@ class Trainer:
         with self._membership_lock:
             if self.lease.lost.is_set():
                 log.warning("trainer %s: membership lease lost (frozen?); registering again", self.trainer_id)
-                self.lease = register_trainer(self.etcd, self.config.name, self.trainer_id, self.lease_ttl_s)
+                parts = self.parts
+                self.lease = register_trainer(parts.etcd, parts.config.name, self.trainer_id, self.lease_ttl_s)

@@ -1,0 +1,127 @@
+"""What a trainer builds once it knows its job's config: `TrainerParts`, made in one place by
+`assemble`, so the trainer (worker.py) declares everything it holds in its `__init__` and
+adds nothing later.
+
+(These are the trainer process's parts as one job's run wires them; the pieces themselves,
+decoders, features, models, are tested without services in tests/unit/test_trainer_parts.py.)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
+import torch
+
+from streamtrain.infra import Endpoints
+from streamtrain.infra.clients import redis_client
+from streamtrain.jobstate.config import JobConfig
+from streamtrain.jobstate.errors import MasterError
+from streamtrain.jobstate.etcd import Etcd
+from streamtrain.jobstate.observability import TrainerMetrics
+from streamtrain.jobstate.optimizers import make_rule
+from streamtrain.jobstate.paramstore import ParamClient
+from streamtrain.jobstate.sharding import SlotMap
+from streamtrain.jobstate.tasks import TaskClient
+from streamtrain.jobstate.watches import AppliedWatch
+from streamtrain.schemas import EtcdKeys, Topics
+from streamtrain.trainer.broker import Broker
+from streamtrain.trainer.committer import Committer, Ended
+from streamtrain.trainer.delivery import Delivery
+from streamtrain.trainer.groups import GroupTrainer, rows_in_flight
+from streamtrain.trainer.loader import RecordLoader
+from streamtrain.trainer.models import build_model, model_spec, use_torch_threads
+from streamtrain.trainer.own import OwnPushes, OwnRows
+from streamtrain.trainer.params import DenseLayout, GradientBuffer, ParamSync, RowLayout
+from streamtrain.trainer.replica import RowReplica
+from streamtrain.trainer.steps import InFlight, StepGate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerParts:
+    """One job's run of a trainer, wired: fixed from its start to its end. The parts keep
+    their own state (the buffer its deltas, the committer its thread); which of them there
+    are does not change. What does change, the membership lease and the step, the trainer
+    holds itself."""
+
+    config: JobConfig
+    etcd: Etcd
+    redis: redis.Redis  # the trainer's own unless it was given one
+    topics: Topics
+    tasks: TaskClient
+    slot_map: SlotMap
+    chunk_records: int  # records the loader decodes at a time
+    loader: RecordLoader  # started, maybe not ready yet
+    model: torch.nn.Module
+    buffer: GradientBuffer
+    own: OwnPushes
+    groups: GroupTrainer
+    gate: StepGate
+    applied_watch: AppliedWatch
+    in_flight: InFlight | None  # async SGD only
+    delivery: Delivery
+    committer: Committer
+    first_step: int  # the step of the trainer's first push
+
+
+def assemble(config: JobConfig, trainer_id: str, *, etcd: Etcd, redis_conn: redis.Redis | None,
+             endpoints: Endpoints, broker: Broker, device: torch.device, obs: TrainerMetrics,
+             ended: Callable[[Ended], None]) -> TrainerParts:
+    """The parts of `trainer_id`'s run of the job `config` (a registered trainer's): the tasks a
+    predecessor under the same id still held are requeued, the job's topics made sure of and
+    the record loader started. `redis_conn`: the client to use instead of connecting to
+    `endpoints`; `ended`: called on the committer's thread as each task ends.
+
+    Raises:
+        MasterError: the job has no slot map (its master never started).
+    """
+    topics = Topics(config.name)
+    tasks = TaskClient.for_job(etcd, config.name, trainer_id)
+    for task_id in tasks.requeue_predecessors():
+        log.warning("trainer %s: task %s was still held under this id by a predecessor; requeued",
+                    trainer_id, task_id)
+    slots = etcd.get(EtcdKeys(config.name).slots)
+    if slots is None:
+        raise MasterError(f"job {config.name!r} has no slot map in etcd: start its master first")
+    slot_map = SlotMap.from_json(slots.value)
+    shards = slot_map.shards
+    broker.ensure_topics(config, shards)
+    spec = model_spec(config)
+    # Started first: the child's imports overlap the rest of the start-up. Records are
+    # decoded in chunks large enough to amortise the per-chunk numpy calls.
+    chunk_records = max(config.model.batch_size, 4096)
+    loader = broker.loader(config, trainer_id, spec.fields, spec.dense_features, chunk_records)
+    use_torch_threads(config)
+    model = build_model(config).to(device)
+    rows = RowLayout.of(model.tables)
+    layout = DenseLayout(model)
+    layout.load({})
+    redis_conn = redis_conn or redis_client(endpoints)
+    client = ParamClient(redis_conn, config.name, slot_map)
+    sync = ParamSync(client, layout, replica=RowReplica(rows.name, rows.width, shards))
+    buffer = GradientBuffer(slot_map, shards)
+    # Read-your-writes (trainer/own.py): the dense changes of the pushes the shards have not
+    # published yet are added to every pull, estimated with the job's own update rule.
+    rule = make_rule(config.pservers.optimizer, lr=config.train.learning_rate)
+    own = OwnPushes(rule, trainer_id, shards)
+    # Rows are estimated when a step may train before the shards publish an earlier one:
+    # within a push group, and after pushes a trainer may leave in flight.
+    own_rows = OwnRows(rule, rows.width) if config.train.push_every > 1 or rows_in_flight(config) else None
+    groups = GroupTrainer(config, model, layout, rows, sync, buffer, own, own_rows, slot_map, device, obs)
+    gate = StepGate(redis_conn, config.name, shards, config.train.sgd, config.train.staleness,
+                    trainer_id, max_wait_s=max(1.0, config.tasks.timeout_s / 3))
+    applied_watch = AppliedWatch(redis_conn, config.name, shards, trainer_id)
+    in_flight = InFlight(config.train.max_in_flight, applied_watch.wait, trainer_id,
+                         max_wait_s=max(1.0, config.tasks.timeout_s / 3)
+                         ) if config.train.sgd == "async" else None
+    first_step = gate.first_step() if gate.active else own.first_step(client.applied())
+    delivery = broker.delivery(config, trainer_id)
+    committer = Committer(delivery, tasks, ended)
+    return TrainerParts(config=config, etcd=etcd, redis=redis_conn, topics=topics, tasks=tasks, slot_map=slot_map,
+                        chunk_records=chunk_records, loader=loader, model=model, buffer=buffer, own=own,
+                        groups=groups, gate=gate, applied_watch=applied_watch, in_flight=in_flight,
+                        delivery=delivery, committer=committer, first_step=first_step)
