@@ -11,7 +11,8 @@ the sync barrier (barrier.py), publishing to Redis (publishing.py, publisher.py)
 (checkpoint.py, and keeper.py registers them in etcd; storage.py makes the log and the
 checkpoint store, or a caller gives its own), the control plane's requests
 (controller.py) and the decisions about them and about when each periodic step is due
-(control.py); this module runs them.
+(control.py); this module wires them into one `ShardParts` once the shard has registered, and
+runs them.
 One thread does everything that changes the state (consume, apply, checkpoint, roll back), so
 a checkpoint is always of a state that applied exactly the deltas before its saved offset; the
 publishing thread only copies changed rows, under the same lock.
@@ -34,7 +35,7 @@ from streamtrain.infra import Endpoints
 from streamtrain.infra.clients import redis_client
 from streamtrain.jobstate.config import JobConfig
 from streamtrain.jobstate.errors import CoordinationError, MasterError
-from streamtrain.jobstate.etcd import Etcd
+from streamtrain.jobstate.etcd import Etcd, Lease
 from streamtrain.jobstate.membership import register_pserver, wait_for_job_config
 from streamtrain.jobstate.observability import PserverMetrics
 from streamtrain.jobstate.optimizers import make_rule
@@ -42,6 +43,7 @@ from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.pserver.barrier import StepBarrier
 from streamtrain.pserver.control import Schedule, fold_ready
 from streamtrain.pserver.controller import ShardController
+from streamtrain.pserver.gradlog import GradientLog
 from streamtrain.pserver.keeper import CheckpointKeeper
 from streamtrain.pserver.publisher import Publisher
 from streamtrain.pserver.publishing import BackgroundPublisher
@@ -79,6 +81,22 @@ class Counters:
     bad: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class ShardParts:
+    """What a registered shard builds once it knows its job's config and its index (`_assemble`),
+    fixed from then to the end of its run. The state and the barrier, which a rollback
+    replaces, the shard holds itself."""
+
+    config: JobConfig
+    etcd: Etcd
+    redis: redis.Redis  # the shard's own unless it was given one
+    metrics: PserverMetrics
+    grads: GradientLog
+    checkpoints: CheckpointKeeper  # the store's checkpoints, registered in etcd
+    controller: ShardController
+    publishing: BackgroundPublisher
+
+
 class PserverShard:
     def __init__(self, endpoints: Endpoints, options: ShardOptions, *, etcd: Etcd | None = None,
                  redis_conn: redis.Redis | None = None, storage: ShardStorage | None = None) -> None:
@@ -93,107 +111,124 @@ class PserverShard:
         self.keys = EtcdKeys(options.job)
         self.redis_keys = RedisKeys(options.job)
         self.counters = Counters()
-        self.index: int | None = None
-        self.state: ShardState | None = None
-        self.serving = False
         self.lock = threading.Lock()  # held while applying and while the publisher copies
+        # Known once registered (`run`): the index and its lease, then the run's parts; the
+        # state, the barrier (both replaced by a rollback) and the schedule of periodic steps.
+        self.index: int | None = None
+        self.lease: Lease | None = None
+        self.parts: ShardParts | None = None
+        self.state: ShardState | None = None
+        self.barrier: StepBarrier | None = None
+        self.schedule: Schedule | None = None
+        self.serving = False
         self._fold: tuple[dict, int] | None = None  # watermarks read, LSO to pass before folding
         self.fold_checks = 0  # times the shard looked at whether it could fold
 
     # -- life cycle ----------------------------------------------------------------------
     def run(self, stop: threading.Event, ready: threading.Event | None = None) -> None:
         """Recover, then serve until `stop`. Raises ShardLostError if the lease is lost."""
-        self.etcd = self._given_etcd or Etcd.connect(self.endpoints)
+        etcd = self._given_etcd or Etcd.connect(self.endpoints)
         try:
-            config = wait_for_job_config(self.etcd, self.options.job, stop, log)
+            config = wait_for_job_config(etcd, self.options.job, stop, log)
             if config is None:
                 return
             self.index, self.lease = register_pserver(
-                self.etcd, self.options.job, f"{socket.gethostname()}:{os.getpid()}",
+                etcd, self.options.job, f"{socket.gethostname()}:{os.getpid()}",
                 self.options.lease_ttl_s, wait_s=3 * self.options.lease_ttl_s, index=self.options.index)
             log.info("shard %d of job %s registered", self.index, self.options.job)
             try:
-                self._serve(config, stop, ready)
+                self._serve(etcd, config, stop, ready)
             finally:
                 self.lease.revoke()
         finally:
             if self._given_etcd is None:
-                self.etcd.close()
+                etcd.close()
 
-    def _serve(self, config: JobConfig, stop: threading.Event, ready: threading.Event | None) -> None:
+    def _assemble(self, etcd: Etcd, config: JobConfig) -> int:
+        """Make the run's parts (`self.parts`) and its state, loaded from the newest checkpoint
+        if there is one; returns the gradient offset that checkpoint saved (0 without)."""
         index = self.index
-        self.config = config
-        self.metrics = PserverMetrics.for_shard(config.name, index)
+        metrics = PserverMetrics.for_shard(config.name, index)
         # Sync mode waits at a step barrier; bounded mode only reports trainers' steps.
         self.barrier = StepBarrier(sync=config.train.sgd == "sync")
-        self.grads = self.storage.gradient_log(config, index)
-        slots_entry = self.etcd.get(self.keys.slots)
+        grads = self.storage.gradient_log(config, index)
+        slots_entry = etcd.get(self.keys.slots)
         if slots_entry is None:
             raise MasterError(f"job {config.name!r} has no slot map in etcd: start its master first")
-        self.slot_map = SlotMap.from_json(slots_entry.value)
+        slot_map = SlotMap.from_json(slots_entry.value)
         rule = make_rule(config.pservers.optimizer, lr=config.train.learning_rate)
-        self.store = self.storage.checkpoint_store(config, index)
-        self.checkpoints = CheckpointKeeper(self.store, self.etcd, self.keys, index, self.slot_map.slots_of(index),
-                                            self.metrics.checkpoint_seconds)
-        self.controller = ShardController(self.etcd, self.keys, index, self.store, self.checkpoints, self)
-        restored = self.store.load_latest(rule)
+        store = self.storage.checkpoint_store(config, index)
+        checkpoints = CheckpointKeeper(store, etcd, self.keys, index, slot_map.slots_of(index),
+                                       metrics.checkpoint_seconds)
+        controller = ShardController(etcd, self.keys, index, store, checkpoints, self)
+        restored = store.load_latest(rule)
         resume = 0
         if restored is None:
             self.state = ShardState(rule)
         else:
             self.state = restored.state
-            resume = restored.manifest.grad_offsets.get(self.grads.topic, 0)
-            self.checkpoints.latest = restored.manifest.checkpoint_id
+            resume = restored.manifest.grad_offsets.get(grads.topic, 0)
+            checkpoints.latest = restored.manifest.checkpoint_id
             log.info("shard %d: loaded checkpoint %s, replaying %s from offset %d", index,
-                     self.checkpoints.latest, self.grads.topic, resume)
-        self.redis = self._given_redis or redis_client(self.endpoints)
-        self.publishing = BackgroundPublisher(Publisher(self.redis, config.name, index), self.state,
-                                              self.lock, self.options.publish_interval_s,
-                                              self.options.housekeeping_s, self.metrics.publish_seconds)
+                     checkpoints.latest, grads.topic, resume)
+        redis_conn = self._given_redis or redis_client(self.endpoints)
+        publishing = BackgroundPublisher(Publisher(redis_conn, config.name, index), self.state,
+                                         self.lock, self.options.publish_interval_s,
+                                         self.options.housekeeping_s, metrics.publish_seconds)
+        self.parts = ShardParts(config=config, etcd=etcd, redis=redis_conn, metrics=metrics, grads=grads,
+                                checkpoints=checkpoints, controller=controller, publishing=publishing)
+        return resume
+
+    def _serve(self, etcd: Etcd, config: JobConfig, stop: threading.Event, ready: threading.Event | None) -> None:
+        resume = self._assemble(etcd, config)
+        parts = self.parts
+        grads, publishing = parts.grads, parts.publishing
         every = self.options.checkpoint_every_s or config.pservers.checkpoint_every_s
         try:
-            self.grads.start(resume)
+            grads.start(resume)
             self._replay(stop)
-            self.publishing.round()  # everything, once, before serving
+            publishing.round()  # everything, once, before serving
             self.serving = True
-            log.info("shard %d serving at version %s after replaying to offset %d", index,
-                     self.publishing.version, self.grads.next_offset)
+            log.info("shard %d serving at version %s after replaying to offset %d", self.index,
+                     publishing.version, grads.next_offset)
             if ready is not None:
                 ready.set()
             # Frozen, the ~60k long-lived objects of the modules, clients and state are not
             # walked again at every full collection (as in the trainer).
             gc.freeze()
-            self.publishing.start()
+            publishing.start()
             try:
                 self._loop(stop, every)
             finally:
-                self.publishing.stop()
+                publishing.stop()
                 gc.unfreeze()
         finally:
-            self.grads.close()
+            grads.close()
             if self._given_redis is None:
-                self.redis.close()
+                parts.redis.close()
 
     def _replay(self, stop: threading.Event) -> None:
         """Apply everything committed before start-up without publishing row by row: the
         shard publishes everything once replay is done."""
-        end = self.grads.stable_end()
-        started, first = time.monotonic(), self.grads.next_offset
-        while self.grads.next_offset < end and not stop.is_set():
+        grads = self.parts.grads
+        end = grads.stable_end()
+        started, first = time.monotonic(), grads.next_offset
+        while grads.next_offset < end and not stop.is_set():
             self._consume(timeout=0.2)
         log.info("shard %d: replayed offsets [%d, %d) in %.1f s", self.index, first,
-                 self.grads.next_offset, time.monotonic() - started)
+                 grads.next_offset, time.monotonic() - started)
 
     def _loop(self, stop: threading.Event, checkpoint_every_s: float) -> None:
-        self.schedule = Schedule.starting(time.monotonic(), self.options.fold_interval_s,
-                                          self.options.housekeeping_s, checkpoint_every_s)
+        lease, publishing = self.lease, self.parts.publishing
+        schedule = self.schedule = Schedule.starting(time.monotonic(), self.options.fold_interval_s,
+                                                     self.options.housekeeping_s, checkpoint_every_s)
         while not stop.is_set():
-            if self.lease.lost.is_set():
+            if lease.lost.is_set():
                 raise ShardLostError(f"shard {self.index}: lease lost; stopping so a restart recovers")
-            if self.publishing.error is not None:
-                raise self.publishing.error
+            if publishing.error is not None:
+                raise publishing.error
             self._consume(timeout=0.05)
-            for step in self.schedule.due(time.monotonic()):
+            for step in schedule.due(time.monotonic()):
                 if step == "fold":
                     ok = self._waiting_out(self._fold_dedup)
                 elif step == "housekeeping":
@@ -201,7 +236,7 @@ class PserverShard:
                     ok = self._waiting_out(self._housekeeping)
                 else:
                     ok = self._waiting_out(self.checkpoint)
-                self.schedule.done(step, time.monotonic(), ok)
+                schedule.done(step, time.monotonic(), ok)
 
     def _waiting_out(self, step: Callable[[], object]) -> bool:
         """Run a periodic step; etcd or Redis away fails it, to be tried again at its next
@@ -214,26 +249,32 @@ class PserverShard:
             return False
 
     # -- applying ------------------------------------------------------------------------
+    # The parts are bound to locals once per read of the log, not looked up through
+    # `self.parts` per delta. The state and the barrier are read per delta, as a rollback
+    # (between two reads) replaces them.
     def _consume(self, timeout: float) -> None:
-        for delta, offset in self.grads.read(self.state.check, timeout=timeout):
+        parts = self.parts
+        publishing = parts.publishing
+        note_steps = parts.config.train.sgd != "async"
+        for delta, offset in parts.grads.read(self.state.check, timeout=timeout):
             for ready in self.barrier.offer(delta, offset):
-                self._apply_delta(ready)
-            if self.config.train.sgd != "async":
-                self._note_steps()
+                self._apply_delta(ready, publishing)
+            if note_steps:
+                self._note_steps(publishing)
 
-    def _note_steps(self) -> None:
+    def _note_steps(self, publishing: BackgroundPublisher) -> None:
         """Hand the barrier's position to the publisher: it is written to Redis after the
         round that publishes the steps' changes, so a trainer that sees its step released
         pulls parameters that include it."""
         note = BarrierSteps(self.barrier.next_step, self.barrier.steps()).to_json()
         with self.lock:
-            self.publishing.note(note)
+            publishing.note(note)
 
-    def _apply_delta(self, delta: GradientDelta) -> None:
+    def _apply_delta(self, delta: GradientDelta, publishing: BackgroundPublisher) -> None:
         try:
             with self.lock:
                 changes = self.state.apply(delta)
-                self.publishing.add(changes, delta.trainer_id, delta.step)
+                publishing.add(changes, delta.trainer_id, delta.step)
         except BadDeltaError as exc:  # fitted when it arrived, not after waiting at a barrier
             self.counters.bad += 1
             log.warning("shard %d: delta %s/%d no longer fits: %s", self.index, delta.task_id, delta.seq, exc)
@@ -245,38 +286,41 @@ class PserverShard:
 
     def _release(self) -> None:
         """Barrier housekeeping: who is still a live trainer, and what that releases."""
-        if not self.barrier.sync and self.config.train.sgd != "bounded":
+        parts = self.parts
+        if not self.barrier.sync and parts.config.train.sgd != "bounded":
             return
         self.barrier.live = {self.keys.trainer_of(e.key)
-                             for e in self.etcd.range(self.keys.trainers_prefix, keys_only=True)}
+                             for e in parts.etcd.range(self.keys.trainers_prefix, keys_only=True)}
         for ready in self.barrier.release():
-            self._apply_delta(ready)
-        self._note_steps()
+            self._apply_delta(ready, parts.publishing)
+        self._note_steps(parts.publishing)
 
     # -- serving -------------------------------------------------------------------------
     def _housekeeping(self) -> None:
-        if self.controller.poll() == "checkpoint":
+        parts = self.parts
+        if parts.controller.poll() == "checkpoint":
             self.schedule.requested(time.monotonic())
         stats = self.stats()
-        self.metrics.observe_stats(stats)
-        self.redis.set(self.redis_keys.stats(self.index), stats.to_json())
+        parts.metrics.observe_stats(stats)
+        parts.redis.set(self.redis_keys.stats(self.index), stats.to_json())
 
     def stats(self) -> ShardStats:
-        state = self.state
+        state, parts = self.state, self.parts
+        publishing, checkpoints = parts.publishing, parts.checkpoints
         by_partition = state.examples_by_partition()
         return ShardStats(
             shard=self.index, pid=os.getpid(), serving=self.serving, at=time.time(),
-            version=self.publishing.version, offset=self.grads.next_offset, deltas=self.counters.deltas,
-            rows=self.counters.rows, dropped=state.dedup.dropped, bad=self.counters.bad + self.grads.bad,
-            publishes=self.publishing.publishes, republished=self.publishing.republished,
-            rows_published=self.publishing.rows, checkpoints=self.checkpoints.count,
+            version=publishing.version, offset=parts.grads.next_offset, deltas=self.counters.deltas,
+            rows=self.counters.rows, dropped=state.dedup.dropped, bad=self.counters.bad + parts.grads.bad,
+            publishes=publishing.publishes, republished=publishing.republished,
+            rows_published=publishing.rows, checkpoints=checkpoints.count,
             dedup_entries=state.dedup.entries, fold_checks=self.fold_checks, examples=sum(by_partition.values()),
-            checkpoint=self.checkpoints.latest,
+            checkpoint=checkpoints.latest,
             barrier=BarrierStats(self.barrier.next_step, self.barrier.waiting, sorted(self.barrier.participants()))
             if self.barrier.sync else None,
             examples_by_partition=dict(by_partition),
             table_rows={name: t.size for name, t in state.tables.items()},
-            settled=self.serving and self.publishing.settled(),
+            settled=self.serving and publishing.settled(),
         )
 
     # -- dedup folding -------------------------------------------------------------------
@@ -284,40 +328,44 @@ class PserverShard:
         """Two steps, never in one call: read the master's watermarks, then the topic's log
         end; fold once everything before that end is applied (`fold_ready`), so no delta
         committed before the watermark was read can still be in flight."""
+        grads = self.parts.grads
         self.fold_checks += 1
-        if self._fold is not None and fold_ready(self._fold[1], self.barrier.applied_below(self.grads.next_offset)):
+        if self._fold is not None and fold_ready(self._fold[1], self.barrier.applied_below(grads.next_offset)):
             self.state.fold(self._fold[0])
             self._fold = None
         if self._fold is None:
             watermarks = {}
-            for entry in self.etcd.range(self.keys.cursors_prefix):
+            for entry in self.parts.etcd.range(self.keys.cursors_prefix):
                 cursor = PartitionCursor.from_json(entry.value)
                 watermarks[(cursor.topic, cursor.partition)] = (cursor.pass_no, cursor.trained)
             if watermarks:
-                self._fold = (watermarks, self.grads.log_end())
+                self._fold = (watermarks, grads.log_end())
 
     # -- checkpoints ---------------------------------------------------------------------
     def checkpoint(self, checkpoint_id: str | None = None, keep_also: tuple[str, ...] = ()) -> str:
         # Deltas waiting at the sync barrier are consumed but not applied: resume before them.
-        resume = self.barrier.applied_below(self.grads.next_offset)
-        return self.checkpoints.take(self.state, {self.grads.topic: resume}, checkpoint_id, keep_also)
+        grads = self.parts.grads
+        resume = self.barrier.applied_below(grads.next_offset)
+        return self.parts.checkpoints.take(self.state, {grads.topic: resume}, checkpoint_id, keep_also)
 
     def catch_up(self) -> None:
         """Apply every delta written before now (a requested checkpoint must hold them)."""
-        end = self.grads.log_end()
-        while self.grads.next_offset < end:
+        grads = self.parts.grads
+        end = grads.log_end()
+        while grads.next_offset < end:
             self._consume(timeout=0.2)
 
     def adopt(self, state: ShardState) -> int:
         """Serve `state` (a rolled-back one) from now on: republished in place of the current
         one (rows it lacks deleted from Redis), the barrier and a pending fold forgotten, and
         every gradient written so far skipped. Returns the offset the skipping ends at."""
-        end = self.grads.log_end()  # every gradient written before the rollback request is from before
-        with self.publishing.round_lock, self.lock:
-            self.publishing.unpublish_missing(self.state, state)
-            self.state = self.publishing.state = state
-            self.publishing.republish()
+        grads, publishing = self.parts.grads, self.parts.publishing
+        end = grads.log_end()  # every gradient written before the rollback request is from before
+        with publishing.round_lock, self.lock:
+            publishing.unpublish_missing(self.state, state)
+            self.state = publishing.state = state
+            publishing.republish()
         self.barrier = StepBarrier(sync=self.barrier.sync)
         self._fold = None  # watermarks read before the rollback would drop the replayed tasks
-        self.grads.seek(end)
+        grads.seek(end)
         return end
