@@ -73,20 +73,20 @@ class Ports(ServicePorts):
     def with_etcd_members(self, count: int) -> Ports:
         """These ports with `count` etcd members: kept as they are if it has that many, else
         the others ten ports apart above the first's (BASE+12/13, BASE+22/23, ...)."""
-        if not 1 <= count <= 9:
-            raise ValueError(f"an etcd of {count} members: 1 to 9 are supported")
-        if len(self.etcd_members) == count:
-            return self
-        return replace(self, etcd_more=_ten_apart(self.etcd, self.etcd_peer, count))
+        return self._with_more("etcd_more", f"an etcd of {count} members", count)
 
     def with_kafka_brokers(self, count: int) -> Ports:
         """These ports with `count` Kafka brokers: kept as they are if it has that many, else
         the others ten ports apart above the first's (BASE+10/11, BASE+20/21, ...)."""
+        return self._with_more("kafka_more", f"a Kafka of {count} brokers", count)
+
+    def _with_more(self, more: str, what: str, count: int) -> Ports:
         if not 1 <= count <= 9:
-            raise ValueError(f"a Kafka of {count} brokers: 1 to 9 are supported")
-        if len(self.kafka_brokers) == count:
+            raise ValueError(f"{what}: 1 to 9 are supported")
+        if len(getattr(self, more)) == count - 1:
             return self
-        return replace(self, kafka_more=_ten_apart(self.kafka, self.kafka_controller, count))
+        client, peer = (self.etcd, self.etcd_peer) if more == "etcd_more" else (self.kafka, self.kafka_controller)
+        return replace(self, **{more: _ten_apart(client, peer, count)})
 
     @classmethod
     def from_base(cls, base: int) -> Ports:
