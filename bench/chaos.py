@@ -60,7 +60,7 @@ from streamtrain.infra import Endpoints, LocalServices, Ports
 from streamtrain.infra.clients import redis_client
 from streamtrain.infra.etcd_server import is_leader
 from streamtrain.jobstate.redisnodes import ShardNodes
-from streamtrain.jobstate.config import JobConfig
+from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.errors import CoordinationError
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.sharding import SlotMap

@@ -29,7 +29,7 @@ from google.protobuf import message_factory
 
 from bench.e2e import Workload
 from streamtrain.infra.schema_registry import RegisteredSchema
-from streamtrain.jobstate.config import JobConfig
+from streamtrain.schemas.config import JobConfig
 from streamtrain.trainer.decoders import ChunkDecoder
 from streamtrain.trainer.registered import compile_proto
 

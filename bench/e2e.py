@@ -54,7 +54,7 @@ from torch import nn
 from bench.trainer_throughput import cpu_seconds, write_topic
 from streamtrain.infra import Endpoints, LocalServices, Ports
 from streamtrain.infra.clients import TopicSpec, ensure_topics, redis_client
-from streamtrain.jobstate.config import JobConfig
+from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.producers.clickmodel import ClickModel, ClickModelConfig, ImpressionColumns, auc

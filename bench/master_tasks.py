@@ -26,7 +26,7 @@ from confluent_kafka import Producer
 
 from streamtrain.infra import Endpoints, LocalServices, Ports
 from streamtrain.infra.clients import TopicSpec, ensure_topics
-from streamtrain.jobstate.config import JobConfig
+from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.etcd import Etcd, absent, put_op
 from streamtrain.jobstate.tasks import TaskClient
 from streamtrain.master.service import Master

@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from streamtrain.jobstate.config import JobConfig
+from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.errors import MasterError, NoFreeIndexError
 from streamtrain.jobstate.etcd import Etcd, Lease, absent, put_op
 from streamtrain.jobstate.predecessors import remove_if_gone, this_holder

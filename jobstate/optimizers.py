@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 _F32 = np.float32
-# Same shape as jobstate/config.py's reference check: importlib + getattr can resolve it.
+# Same shape as schemas/config.py's reference check: importlib + getattr can resolve it.
 _REF = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*", re.ASCII)
 
 

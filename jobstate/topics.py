@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from streamtrain.infra import Endpoints
 from streamtrain.infra.clients import TopicSpec, ensure_topics
-from streamtrain.jobstate.config import JobConfig
+from streamtrain.schemas.config import JobConfig
 from streamtrain.schemas import Topics
 
 # Gradient topics must keep everything since the oldest kept checkpoint; a week leaves room

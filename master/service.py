@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from streamtrain.infra import Endpoints
 from streamtrain.jobstate import queue
 from streamtrain.jobstate.checkpoints import restore_batches
-from streamtrain.jobstate.config import JobConfig
+from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.errors import CoordinationError
 from streamtrain.jobstate.etcd import MAX_TXN_OPS, Entry, Etcd, Op, absent, delete_op, mod_revision_is, put_op
 from streamtrain.jobstate.observability import MasterMetrics

@@ -16,7 +16,7 @@ from typing import TypeVar
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from streamtrain.infra import Endpoints
-from streamtrain.jobstate.config import JobConfig
+from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.offsets import Bounds, InputOffsets, InputUnavailableError
 from streamtrain.jobstate.topics import dlq_spec, ensure_job_topics, grad_spec
 from streamtrain.pserver.state import BadDeltaError

@@ -33,7 +33,7 @@ import redis
 
 from streamtrain.infra import Endpoints
 from streamtrain.infra.clients import redis_client
-from streamtrain.jobstate.config import JobConfig
+from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.errors import CoordinationError, MasterError
 from streamtrain.jobstate.etcd import Etcd, Lease
 from streamtrain.jobstate.membership import register_pserver, wait_for_job_config

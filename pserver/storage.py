@@ -11,7 +11,7 @@ say, or a gradient log that counts what it hands on.
 from __future__ import annotations
 
 from streamtrain.infra import Endpoints
-from streamtrain.jobstate.config import JobConfig
+from streamtrain.schemas.config import JobConfig
 from streamtrain.pserver.checkpoint import CheckpointStore
 from streamtrain.pserver.gradlog import GradientLog
 

@@ -7,7 +7,7 @@ The Python API is small:
     with LocalJob(JobConfig.load("job.toml"), trainers=2) as job:
         job.wait_finished()
 
-`JobConfig` (streamtrain.jobstate.config) defines a job, `LocalJob` (streamtrain.local) runs it
+`JobConfig` (streamtrain.schemas.config) defines a job, `LocalJob` (streamtrain.local) runs it
 as local processes, `Endpoints` (streamtrain.infra) names the services (`LocalServices` starts
 local ones, as `streamtrain up` does), and `Predictor`
 (streamtrain.predict) scores records with the served parameters. The `streamtrain` command
@@ -24,15 +24,15 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from streamtrain.infra import Endpoints, LocalServices
-    from streamtrain.jobstate.config import JobConfig, JobConfigError
+    from streamtrain.schemas.config import JobConfig, JobConfigError
     from streamtrain.local import LocalJob, LocalJobError, LocalJobResult
     from streamtrain.predict import Predictor
     from streamtrain.schemas import StreamtrainError
 
 _EXPORTS = {
     "Endpoints": "streamtrain.infra",
-    "JobConfig": "streamtrain.jobstate.config",
-    "JobConfigError": "streamtrain.jobstate.config",
+    "JobConfig": "streamtrain.schemas.config",
+    "JobConfigError": "streamtrain.schemas.config",
     "LocalJob": "streamtrain.local",
     "LocalJobError": "streamtrain.local",
     "LocalJobResult": "streamtrain.local",

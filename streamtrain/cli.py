@@ -21,7 +21,7 @@ from streamtrain.infra.endpoints import recorded_ports, state_home
 from streamtrain.infra.signals import stop_on_signals
 
 if TYPE_CHECKING:
-    from streamtrain.jobstate.config import JobConfig
+    from streamtrain.schemas.config import JobConfig
 
 app = typer.Typer(
     name="streamtrain",
@@ -177,7 +177,7 @@ def _job_name(job: str) -> str:
 
 
 def _load_config(path: Path) -> JobConfig:
-    from streamtrain.jobstate.config import JobConfig, JobConfigError
+    from streamtrain.schemas.config import JobConfig, JobConfigError
 
     try:
         return JobConfig.load(path)

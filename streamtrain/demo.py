@@ -163,7 +163,7 @@ def run_demo(target: LocalServices | Endpoints, console: Console, *, home: Path 
     the dir for the job file, logs and checkpoints. `on_tick(elapsed_s, supervisor)` is called
     on every refresh (tests use it to inject faults).
     """
-    from streamtrain.jobstate.config import JobConfig
+    from streamtrain.schemas.config import JobConfig
     from streamtrain.live import follow, headlines, render
     from streamtrain.local import LocalJob
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from streamtrain.infra import Endpoints
 from streamtrain.infra.endpoints import state_home
-from streamtrain.jobstate.config import JobConfig
+from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.errors import CoordinationError
 from streamtrain.schemas import StreamtrainError
 from streamtrain.supervisor import Supervisor, pid_alive

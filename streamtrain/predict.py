@@ -50,7 +50,7 @@ class Predictor:
     def connect(cls, endpoints: Endpoints, job: str) -> tuple[Predictor, object]:
         """Returns the predictor and the Redis client it scores through (close it when done)."""
         from streamtrain.infra.clients import redis_client
-        from streamtrain.jobstate.config import JobConfigError
+        from streamtrain.schemas.config import JobConfigError
         from streamtrain.jobstate.errors import MasterError
         from streamtrain.jobstate.etcd import Etcd
         from streamtrain.jobstate.membership import read_job_config

@@ -17,7 +17,7 @@ import torch
 
 from streamtrain.infra import Endpoints
 from streamtrain.infra.clients import redis_client
-from streamtrain.jobstate.config import JobConfig
+from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.errors import MasterError
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.observability import TrainerMetrics

@@ -10,7 +10,7 @@ something else in the broker's place: a test's producer that fails a commit, say
 from __future__ import annotations
 
 from streamtrain.infra import Endpoints
-from streamtrain.jobstate.config import JobConfig
+from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.topics import dlq_spec, ensure_job_topics, grad_spec, metrics_spec
 from streamtrain.trainer.delivery import Delivery
 from streamtrain.trainer.loader import LoaderSpec, RecordLoader

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from streamtrain.jobstate.config import JobConfig
+from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.offsets import Bounds
 from streamtrain.trainer.decoders import ChunkDecoder, DecodeError, make_decoder
 from streamtrain.trainer.models import model_spec

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pv
 
-from streamtrain.jobstate.config import CsvColumn
+from streamtrain.schemas.config import CsvColumn
 from streamtrain.schemas import Example
 from streamtrain.trainer.features import Columns
 

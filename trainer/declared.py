@@ -1,5 +1,5 @@
 """A log's own JSON documents, decoded by the paths the job declares (`input.fields`,
-jobstate/fields.py, which says what each path may hold).
+schemas/fields.py, which says what each path may hold).
 
 `DeclaredJson` decodes one record and is the reference: what it accepts and the reasons it
 gives are the verdicts (`DeclaredRecord` maps the parsed record, for Avro's too). `DeclaredFast` reads a chunk with pyarrow's JSON reader, in C,
@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from streamtrain.jobstate.fields import DeclaredFields, LabelRule
+from streamtrain.schemas.fields import DeclaredFields, LabelRule
 from streamtrain.schemas import Example
 from streamtrain.trainer.features import Columns
 

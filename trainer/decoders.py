@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from streamtrain.infra.endpoints import Endpoints
-from streamtrain.jobstate.config import InputSection, JobConfigError
+from streamtrain.schemas.config import InputSection, JobConfigError
 from streamtrain.schemas import Example, SchemaError, StreamtrainError
 from streamtrain.trainer.registered import DeclaredAvro, DeclaredProtobuf, Fetch, registry_fetch
 from streamtrain.trainer.csvinput import CsvChunks, CsvDecoder

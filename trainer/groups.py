@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from streamtrain.jobstate.config import JobConfig
+from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.observability import TrainerMetrics
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.trainer.features import Batch, pool

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from streamtrain.infra import Endpoints
-from streamtrain.jobstate.config import InputSection
+from streamtrain.schemas.config import InputSection
 from streamtrain.schemas import StreamtrainError
 from streamtrain.trainer.decoders import ChunkDecoder
 from streamtrain.trainer.features import Batch, Featurizer

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from streamtrain.jobstate.config import JobConfig
+from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.rows import initial_rows
 from streamtrain.schemas import Example
 from streamtrain.trainer.decoders import ChunkDecoder

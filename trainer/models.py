@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from streamtrain.jobstate.config import JobConfig
+    from streamtrain.schemas.config import JobConfig
 
 
 @dataclass(frozen=True)

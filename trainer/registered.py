@@ -46,7 +46,7 @@ from google.protobuf.message import DecodeError as ProtobufDecodeError
 from google.protobuf.message import Message
 
 from streamtrain.infra.schema_registry import RegisteredSchema, fetch_schema
-from streamtrain.jobstate.fields import DeclaredFields
+from streamtrain.schemas.fields import DeclaredFields
 from streamtrain.schemas import Example
 from streamtrain.trainer.declared import DeclaredRecord
 

@@ -9,7 +9,7 @@ import numpy as np
 import redis
 import torch
 
-from streamtrain.jobstate.config import JobConfig
+from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.paramstore import ParamClient
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.schemas import Example

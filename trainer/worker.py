@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import redis
 import torch
 from streamtrain.infra import Endpoints
-from streamtrain.jobstate.config import JobConfig
+from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.errors import TaskLostError
 from streamtrain.jobstate.etcd import Etcd, Lease
 from streamtrain.jobstate.membership import register_trainer, wait_for_job_config

@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from streamtrain.infra import Endpoints
-from streamtrain.jobstate.config import JobConfig
+from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.errors import TaskLostError
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.tasks import ClaimedTask, TaskClient

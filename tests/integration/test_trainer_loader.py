@@ -13,7 +13,7 @@ from confluent_kafka import Producer
 
 from conftest import read_partition
 from streamtrain.infra import Endpoints
-from streamtrain.jobstate.config import InputSection
+from streamtrain.schemas.config import InputSection
 from streamtrain.producers.clickmodel import ClickModel
 from streamtrain.trainer.features import Featurizer
 from streamtrain.trainer.loader import LoaderError, LoaderSpec, RecordLoader

@@ -51,7 +51,7 @@ def test_binary_records_are_read_base64() -> None:
 
 
 def test_avro_records_are_read_base64() -> None:
-    from streamtrain.jobstate.config import JobConfig
+    from streamtrain.schemas.config import JobConfig
     from test_trainer_registered import JOB, R1, V1, Registry, framed
 
     section = JobConfig.from_toml(JOB.replace('dense = ["price"]', 'dense = ["price", "price"]')).input

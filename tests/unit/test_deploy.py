@@ -15,7 +15,7 @@ import yaml
 from typer.testing import CliRunner
 
 from streamtrain.cli import app
-from streamtrain.jobstate.config import JobConfig
+from streamtrain.schemas.config import JobConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "deploy" / "k8s" / "base"

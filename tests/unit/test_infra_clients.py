@@ -6,7 +6,7 @@ import pytest
 
 from streamtrain.infra.clients import replication
 from streamtrain.infra.errors import InfraError
-from streamtrain.jobstate.config import JobConfig, JobConfigError
+from streamtrain.schemas.config import JobConfig, JobConfigError
 
 
 @pytest.mark.parametrize("brokers, factor, min_insync, want", [

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamtrain.jobstate.config import (
+from streamtrain.schemas.config import (
                                          CsvColumn,
                                          InputSection,
                                          JobConfig,

@@ -102,7 +102,7 @@ def test_an_upward_sideways_or_bare_import_is_caught() -> None:
         "master/c.py:1: master imports streamtrain, a layer above it"]
     assert violations("trainer/d.py", "from jobstate.config import JobConfig\n") == [
         "trainer/d.py:1: trainer imports jobstate outside the streamtrain namespace"]
-    assert violations("trainer/e.py", "import streamtrain.schemas\nfrom streamtrain.jobstate.config import JobConfig\n"
+    assert violations("trainer/e.py", "import streamtrain.schemas\nfrom streamtrain.schemas.config import JobConfig\n"
                                       "from streamtrain.trainer import models\nfrom streamtrain import schemas\n"
                                       "import numpy\n") == []
 

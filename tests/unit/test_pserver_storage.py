@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from streamtrain.infra import Endpoints
-from streamtrain.jobstate.config import JobConfig
+from streamtrain.schemas.config import JobConfig
 from streamtrain.pserver.shard import PserverShard, ShardOptions
 from streamtrain.pserver.storage import ShardStorage
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from streamtrain.jobstate.config import JobConfig
+from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.offsets import Bounds
 from streamtrain.schemas import Example
 from streamtrain.trainer.check import check_records, sample_ranges

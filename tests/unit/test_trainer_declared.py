@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamtrain.jobstate.config import JobConfig
+from streamtrain.schemas.config import JobConfig
 from streamtrain.schemas import Example
 from test_trainer_parts import assert_chunk_decodes_as_one_by_one
 from streamtrain.trainer.decoders import ChunkDecoder, DecodeError, make_decoder, stable_id
@@ -141,7 +141,7 @@ def test_declared_fields_survive_the_jobs_json_and_give_the_model_its_fields() -
     ('dense = ["a"]\nlabel = "y"\ndefaults = { a = [1] }', "input.fields.defaults.a", "number, string or boolean"),
 ])
 def test_a_bad_declaration_is_refused_naming_the_key(table, key, reason) -> None:
-    from streamtrain.jobstate.config import JobConfigError
+    from streamtrain.schemas.config import JobConfigError
 
     with pytest.raises(JobConfigError) as err:
         JobConfig.from_toml(f'[job]\nname = "j"\n[input]\ntopics = ["t"]\n[input.fields]\n{table}')
@@ -149,7 +149,7 @@ def test_a_bad_declaration_is_refused_naming_the_key(table, key, reason) -> None
 
 
 def test_declared_fields_need_the_json_or_avro_format() -> None:
-    from streamtrain.jobstate.config import JobConfigError
+    from streamtrain.schemas.config import JobConfigError
 
     with pytest.raises(JobConfigError, match="only applies when input.format is 'json', 'avro' or 'protobuf'"):
         JobConfig.from_toml('[job]\nname = "j"\n[input]\ntopics = ["t"]\nformat = "binary"\n'
@@ -157,7 +157,7 @@ def test_declared_fields_need_the_json_or_avro_format() -> None:
 
 
 def test_the_old_name_of_the_declared_fields_says_what_it_became() -> None:
-    from streamtrain.jobstate.config import JobConfigError
+    from streamtrain.schemas.config import JobConfigError
 
     with pytest.raises(JobConfigError, match=r"input.json_fields: renamed: \[input.fields\]"):
         JobConfig.from_toml('[job]\nname = "j"\n[input]\ntopics = ["t"]\n'

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamtrain.jobstate.config import JobConfig
+from streamtrain.schemas.config import JobConfig
 from streamtrain.trainer.groups import estimates_dense, rows_in_flight
 
 

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamtrain.jobstate.config import JobConfig
+from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.schemas import Example
 from streamtrain.trainer.decoders import ChunkDecoder, DecodeError, make_decoder

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamtrain.infra.schema_registry import RegisteredSchema, RegistryUnavailableError
-from streamtrain.jobstate.config import JobConfig
+from streamtrain.schemas.config import JobConfig
 from streamtrain.trainer.registered import DeclaredAvro, DeclaredProtobuf, compile_proto
 from streamtrain.trainer.decoders import ChunkDecoder, DecodeError, make_decoder, stable_id
 from test_trainer_parts import assert_chunk_decodes_as_one_by_one

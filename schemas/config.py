@@ -21,11 +21,11 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from streamtrain.jobstate.config_rules import _JSON_VERSION, CsvColumn, JobConfigError, _fix, _show
-from streamtrain.jobstate.config_sections import (_KEYS, _SECTIONS, InputSection, JobSection, KafkaSection,
+from streamtrain.schemas.config_rules import _JSON_VERSION, CsvColumn, JobConfigError, _fix, _show
+from streamtrain.schemas.config_sections import (_KEYS, _SECTIONS, InputSection, JobSection, KafkaSection,
                                                   MasterSection, ModelSection, PserversSection, TasksSection,
                                                   TrainSection)
-from streamtrain.jobstate.fields import DeclaredFields
+from streamtrain.schemas.fields import DeclaredFields
 
 __all__ = [
     "CsvColumn",

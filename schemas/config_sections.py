@@ -1,13 +1,13 @@
 """The job file's sections, one frozen dataclass per TOML table, each checking its values as it
-is built (config_rules.py). Internal to jobstate/config.py, which re-exports them."""
+is built (config_rules.py). Internal to schemas/config.py, which re-exports them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from streamtrain.jobstate.config_rules import (_JOB, _REGISTERED, _URI, _URL, CsvColumn, JobConfigError, _choice,
+from streamtrain.schemas.config_rules import (_JOB, _REGISTERED, _URI, _URL, CsvColumn, JobConfigError, _choice,
                                                _csv_columns, _fix, _int, _positive, _ref, _show, _topics)
-from streamtrain.jobstate.fields import DeclaredFields, FieldsError, parse_fields
+from streamtrain.schemas.fields import DeclaredFields, FieldsError, parse_fields
 
 @dataclass(frozen=True)
 class JobSection:
@@ -41,7 +41,7 @@ class InputSection:
             ``"module:callable"``.
         csv_columns: the CSV columns in file order; non-empty exactly when format is ``csv``.
         fields: the paths of a log's own records the model trains on (``[input.fields]``,
-            jobstate/fields.py): with ``json``, None means the records are streamtrain's Example
+            schemas/fields.py): with ``json``, None means the records are streamtrain's Example
             documents; ``avro`` and ``protobuf`` require it.
         registry: with ``avro`` or ``protobuf``, the URL of Confluent's REST API on the schema registry that
             holds the records' writer schemas; empty: the local one (`streamtrain up --registry`,

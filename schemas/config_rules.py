@@ -1,5 +1,5 @@
 """The job file's value rules: the error every refusal raises (`JobConfigError`) and the checks
-the sections (config_sections.py) run on each value. Internal to jobstate/config.py, which
+the sections (config_sections.py) run on each value. Internal to schemas/config.py, which
 is the public face; the underscore names are shared within these three modules only."""
 
 from __future__ import annotations
