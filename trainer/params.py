@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -161,14 +162,16 @@ class ParamSync:
         replica = self.replica
         if replica is None or set(tables) != {replica.table}:
             request = ({name: (ids, dim) for name, dim in tables.items()}, keys)
-            return PendingFetch(self, request, ids, dense, self.client.send_pull(*request, row_shards=shards))
+            return PendingFetch(self, ids, dense, lambda: self.client.send_pull(*request, row_shards=shards))
         slots = replica.lookup(ids)
         cold = slots < 0
         owners = shards[replica.table]
         request = ({replica.table: (ids[cold], replica.width)}, keys)
-        pending = self.client.send_pull(*request, row_shards={replica.table: owners[cold]},
-                                        rounds=replica.after)
-        return PendingFetch(self, request, ids, dense, pending, _Cold(slots, cold, owners, replica.generation))
+        # The rounds are asked for again by a retry: rows read without them would be older
+        # than the rounds the replica has not applied yet.
+        return PendingFetch(self, ids, dense, lambda: self.client.send_pull(
+            *request, row_shards={replica.table: owners[cold]}, rounds=replica.after),
+            _Cold(slots, cold, owners, replica.generation))
 
     def pull_dense(self) -> None:
         keys = [(b.param, b.block) for b in self.layout.blocks]
@@ -210,13 +213,14 @@ class _Cold:
 class PendingFetch:
     """A `ParamSync.send` on the wire."""
 
-    def __init__(self, sync: ParamSync, request: tuple, ids: np.ndarray, dense: bool, pending: PendingPull,
+    def __init__(self, sync: ParamSync, ids: np.ndarray, dense: bool, send: Callable[[], PendingPull],
                  cold: _Cold | None = None) -> None:
+        """`send`: sends the request (now, and again for a retry)."""
         self._sync = sync
         self._ids = ids
-        self._request = request
         self._dense = dense
-        self._pending = pending
+        self._send = send
+        self._pending = send()
         self._cold = cold
 
     def result(self) -> Fetched:
@@ -224,7 +228,7 @@ class PendingFetch:
         try:
             pull = self._pending.result()
         except ParamsUnavailableError:
-            pull = self._sync._retrying(lambda: self._sync.client.pull(*self._request))
+            pull = self._sync._retrying(lambda: self._send().result())
         rows = pull.rows if self._cold is None else self._from_replica(pull)
         return Fetched(self._ids, rows, pull.blocks if self._dense else None, pull.applied)
 
@@ -250,7 +254,7 @@ class PendingFetch:
         if lost.any():
             values[lost] = self._sync._retrying(lambda: self._sync.client.pull(
                 {replica.table: (ids[lost], replica.width)}, []).rows[replica.table])
-        replica.insert(ids[~warm], cold.owners[~warm], values[~warm])
+        replica.hold(ids[~warm], cold.owners[~warm], values[~warm])
         return {replica.table: values}
 
 

@@ -111,6 +111,19 @@ class RowReplica:
         self._size += n
         return slots
 
+    def hold(self, ids: np.ndarray, owners: np.ndarray, values: np.ndarray) -> None:
+        """Hold rows a pull read from their keys (distinct `ids` not held, owned by `owners`),
+        those of shards followed only. A shard is followed from a flush on; a row read before
+        any (its rounds not read yet, or the pull retried without them) could be older than
+        that flush, and the rounds up to it, passed over, would never bring it up to date: one
+        sync trainer trained its second step on 67 rows missing its first (bench/RESULTS.md)."""
+        followed = np.array([self._positions[s] is not None for s in range(len(self._positions))])
+        keep = followed[owners]
+        if keep.all():
+            self.insert(ids, owners, values)
+        elif keep.any():
+            self.insert(ids[keep], owners[keep], values[keep])
+
     # -- rounds ----------------------------------------------------------------------------
     def apply(self, rounds: dict[int, list[Round]], flushed: dict[int, FlushMark | None]
               ) -> dict[int, dict[str, int]]:

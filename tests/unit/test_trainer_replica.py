@@ -1,8 +1,11 @@
 import numpy as np
 import pytest
+import torch
 
+from streamtrain.jobstate.paramstore import ParamsUnavailableError, Pull
 from streamtrain.schemas import FlushMark
 from streamtrain.schemas import PublishedRound, RoundRows
+from streamtrain.trainer.params import DenseLayout, ParamSync
 from streamtrain.trainer.replica import START, Position, RowReplica, follows
 
 WIDTH = 3
@@ -125,3 +128,53 @@ def test_a_replica_that_outgrows_its_budget_starts_again_empty_from_each_flush()
                   {0: mark(b"1-3", 1)})
     assert replica.after[0] == b"1-3" and held(replica, [20])[0, 0] == 3.0
     assert replica.lookup(np.array([8], dtype=np.uint64))[0] == -1
+
+
+def test_rows_read_from_keys_are_held_only_of_shards_followed_since_a_flush() -> None:
+    """Shard 1 has not flushed when the trainer starts: a row read from its key then is not
+    held, for the rounds up to the flush it is followed from are passed over and would never
+    bring that row up to date (it kept its first value while the shards' had moved on)."""
+    replica = RowReplica("t", WIDTH, shards=2)
+    replica.start({0: mark(b"9-1", 9), 1: None})
+    ids = np.array([5, 6], dtype=np.uint64)
+    replica.hold(ids, np.array([0, 1]), rows(ids, 1.0))
+    assert replica.lookup(ids).tolist()[1] == -1 and held(replica, [5])[0, 0] == 1.0
+    # Round 2 changed row 6 and was flushed: followed from that flush, round 2 is passed over.
+    replica.apply({1: [(b"3-1", entry(3, 1, reset=True)), (b"3-2", entry(3, 2, [6], 2.0))]}, {1: mark(b"3-2", 3)})
+    assert replica.lookup(ids).tolist()[1] == -1 and replica.after[1] == b"3-2"
+    replica.hold(ids[1:], np.array([1]), rows(ids[1:], 2.0))  # read from its key, as of that flush
+    replica.apply({1: [(b"3-3", entry(3, 3, [6], 3.0))]}, {})
+    assert held(replica, [5, 6])[:, 0].tolist() == [1.0, 3.0]
+
+
+class _NotPublishedFirst:
+    """A ParamClient whose first reply finds shard 0 not in Redis yet: the retry must read
+    the rounds again, or the rows it reads from keys could miss rounds after the flush."""
+
+    def __init__(self) -> None:
+        self.asked: list[dict[int, bytes]] = []  # the rounds each request asked for
+
+    def flushed(self, after) -> dict:
+        return {0: mark(b"1-1", 1)}
+
+    def send_pull(self, rows_, blocks, row_shards=None, rounds=None):
+        self.asked.append(dict(rounds or {}))
+        ids, _ = rows_["t"]
+        first = len(self.asked) == 1
+
+        class Reply:
+            def result(self) -> Pull:
+                if first:
+                    raise ParamsUnavailableError([0], retry_after=0.0)
+                return Pull({"t": rows(ids, 1.0)}, {}, {0: 2}, {0: {}}, {0: [(b"1-2", entry(1, 2, [5], 2.0))]},
+                            {0: mark(b"1-1", 1)})
+        return Reply()
+
+
+def test_a_pull_retried_while_a_shard_is_away_reads_the_rounds_again() -> None:
+    client = _NotPublishedFirst()
+    sync = ParamSync(client, DenseLayout(torch.nn.Module()), wait_s=5, replica=RowReplica("t", WIDTH, shards=1))
+    ids = np.array([5, 6], dtype=np.uint64)
+    fetched = sync.send({"t": WIDTH}, ids, {"t": np.zeros(2, np.int32)}, dense=False).result()
+    assert client.asked == [{0: b"1-1"}, {0: b"1-1"}]
+    assert fetched.rows["t"][:, 0].tolist() == [2.0, 1.0]  # 5 as round 2 left it, 6 as its key
