@@ -442,18 +442,19 @@ def victim_tasks(etcd: Etcd, job: str) -> set[str]:
 
 def victim_mid_task(services: Endpoints, etcd: Etcd, job: str, below: int) -> str | None:
     """A task the victim holds, of which some but fewer than `below` groups are in a shard's
-    topic."""
-    held = victim_tasks(etcd, job)
-    if not held:
+    topic. The topics are read before the tasks held: a task read as held first could be
+    completed while the topics are read, and found part-way in a read begun before."""
+    if not victim_tasks(etcd, job):
         return None
+    counted: list[dict[str, int]] = []
     for shard in range(2):
         seqs: dict[str, int] = {}
         for task_id, _ in committed_groups(services, Topics(job).grad(shard)):
             seqs[task_id] = seqs.get(task_id, 0) + 1
-        for task_id in sorted(held):
-            if 0 < seqs.get(task_id, 0) < below:
-                return task_id
-    return None
+        counted.append(seqs)
+    held = victim_tasks(etcd, job)
+    return next((task_id for seqs in counted for task_id in sorted(held) if 0 < seqs.get(task_id, 0) < below),
+                None)
 
 
 # What a resumed zombie logs when it finds its task redone (jobstate/tasks.py, trainer/worker.py).
