@@ -23,3 +23,9 @@ class TaskLostError(MasterError):
 
 class NoFreeIndexError(MasterError):
     """Every pserver index below ps_desired is taken."""
+
+
+class LayoutChangedError(MasterError):
+    """The job file's `pservers.count` or `pservers.slots` disagrees with the slot map the job
+    already has in etcd: its parameters live where that map says, so a master refuses to lead
+    rather than let shards and trainers disagree on who owns what."""

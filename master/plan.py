@@ -164,3 +164,18 @@ def next_pass(cursors: Iterable[PartitionCursor], passes: int,
     if low + 1 >= passes:
         return "finished", []
     return "advance", [replace(c, next=c.origin, trained=c.origin, pass_no=low + 1) for c in lowest]
+
+
+def layout_refused(job: str, slots: int, shards: int, mapped: tuple[int, int] | None) -> str | None:
+    """Why a master must not lead `job` with `shards` pserver shards over `slots` slots (the job
+    file's), given the job's slot map in etcd as (slots, shards), or None if it may: a job
+    without a map yet gets the file's. A changed count would leave the map owning slots to
+    shards that never register (pulls stall) or shards that own nothing; a changed slot count
+    would rehash every parameter."""
+    if mapped is None or mapped == (slots, shards):
+        return None
+    have_slots, have_shards = mapped
+    return (f"job {job!r}: the job file asks for pservers.count = {shards} over pservers.slots = {slots}, "
+            f"but the job's slot map in etcd spreads {have_slots} slots over {have_shards} shard(s), and its "
+            f"parameters live where that map says. A running job cannot be resized yet: set pservers.count = "
+            f"{have_shards} and pservers.slots = {have_slots} again, or start afresh under another job name")

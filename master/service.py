@@ -24,7 +24,7 @@ from streamtrain.infra import Endpoints
 from streamtrain.jobstate import queue
 from streamtrain.jobstate.checkpoints import restore_batches
 from streamtrain.schemas.config import JobConfig
-from streamtrain.jobstate.errors import CoordinationError
+from streamtrain.jobstate.errors import CoordinationError, LayoutChangedError
 from streamtrain.jobstate.etcd import MAX_TXN_OPS, Entry, Etcd, Op, absent, delete_op, mod_revision_is, put_op
 from streamtrain.jobstate.observability import MasterMetrics
 from streamtrain.jobstate.offsets import InputOffsets, InputUnavailableError, Partition
@@ -48,6 +48,20 @@ class _Observed:
 
     mod_revision: int
     deadline: float
+
+
+
+def refuse_changed_layout(etcd: Etcd, config: JobConfig) -> None:
+    """Raises LayoutChangedError if the job's slot map in etcd is not `config`'s shards over
+    its slots (`plan.layout_refused`); a job without a map yet passes."""
+    entry = etcd.get(EtcdKeys(config.name).slots)
+    if entry is None:
+        return
+    slot_map = SlotMap.from_json(entry.value)
+    refused = plan.layout_refused(config.name, config.pservers.slots, config.pservers.count,
+                                  (slot_map.slots, slot_map.shards))
+    if refused:
+        raise LayoutChangedError(refused)
 
 
 class Master:
@@ -102,6 +116,8 @@ class Master:
             self.lock.release()
 
     def _publish_config(self) -> None:
+        """Raises LayoutChangedError: the job file's shards or slots are not the slot map's."""
+        refuse_changed_layout(self.etcd, self.config)
         blob = self.config.to_json()
         current = self.etcd.get(self.keys.config)
         if current is not None and current.value != blob:

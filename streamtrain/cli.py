@@ -195,7 +195,7 @@ def master_cmd(
 ) -> None:
     """Run the job's master: waits as standby until it holds the lock, then slices and
     dispatches. Exits 3 when it loses the lock (a supervisor restarts it as a standby)."""
-    from streamtrain.jobstate.errors import MasterError, NotLeaderError
+    from streamtrain.jobstate.errors import LayoutChangedError, MasterError, NotLeaderError
     from streamtrain.jobstate.etcd import Etcd
     from streamtrain.master.service import Master
 
@@ -210,6 +210,9 @@ def master_cmd(
     except NotLeaderError as exc:
         logging.getLogger("streamtrain.master").error("%s", exc)
         raise typer.Exit(3) from exc
+    except LayoutChangedError as exc:  # the job file's fault: as a bad job file's
+        logging.getLogger("streamtrain.master").error("%s", exc)
+        raise typer.Exit(2) from exc
     except MasterError as exc:
         logging.getLogger("streamtrain.master").error("%s", exc)
         raise typer.Exit(1) from exc
@@ -513,12 +516,17 @@ def job_run_cmd(
     from streamtrain.jobrun import run_job
     from streamtrain.local import LocalJob
 
+    from streamtrain.jobstate.errors import LayoutChangedError
+
     config = _load_config(job)
     try:
         summary = run_job(LocalJob(config, trainers=trainers, log_dir=log_dir, job_file=job.resolve()), console)
     except InfraError as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from exc
+    except LayoutChangedError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
     if summary.stray:
         raise typer.Exit(1)
 

@@ -103,12 +103,20 @@ class LocalJob:
     # -- life cycle ----------------------------------------------------------------------
     def start(self) -> LocalJob:
         """Start the master, the shards and the trainers. Raises InfraError if a service is
-        not reachable."""
+        not reachable, LayoutChangedError if the job has a slot map for other shards (its
+        master would refuse to lead, again at every restart)."""
+        from streamtrain.jobstate.etcd import Etcd
         from streamtrain.jobstate.topics import ensure_job_topics, metrics_spec
         from streamtrain.live import JobMonitor
+        from streamtrain.master.service import refuse_changed_layout
 
         if self.supervisor is not None:
             raise LocalJobError(f"LocalJob {self.name!r} already started")
+        etcd = Etcd.connect(self.endpoints)
+        try:
+            refuse_changed_layout(etcd, self.config)
+        finally:
+            etcd.close()
         self._started = time.monotonic()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if self.job_file is None:

@@ -191,3 +191,33 @@ def test_job_run_trains_a_bounded_job_and_stops_cleanly_on_sigterm(services, top
     finally:
         run.kill(signal.SIGKILL)
         coord.close()
+
+
+def test_a_job_file_whose_shard_count_changed_is_refused_with_the_reason(services, topic_factory, unique,
+                                                                         tmp_path) -> None:
+    """The job already has a slot map for two shards; its file now asks for three. Nothing
+    starts: `job run` and the master both refuse, naming both layouts, and `ps_desired` stays
+    at two (a third shard would own no slot; a shrink would leave slots owned by nobody)."""
+    import threading
+
+    from streamtrain.jobstate.errors import LayoutChangedError
+
+    topic = topic_factory("layout", partitions=2)
+    config = make_job(unique("layout"), topic, tmp_path)
+    coord = Etcd.connect(services)
+    try:
+        publish_job(coord, config)
+        grown = make_job(config.name, topic, tmp_path, pservers={"count": 3})
+        job_file = write_job_file(tmp_path / "job.toml", grown)
+        done = streamtrain(services, "job", "run", "--job", str(job_file), "--trainers", "1",
+                           "--log-dir", str(tmp_path / "logs"))
+        message = " ".join((done.stderr.decode() + done.stdout.decode()).split())  # unwrapped
+        assert done.returncode == 2, message
+        assert "pservers.count = 3" in message and "2 shard(s)" in message, message
+        assert not (tmp_path / "logs").exists() or not list((tmp_path / "logs").iterdir())
+        with pytest.raises(LayoutChangedError, match="pservers.count = 2 and pservers.slots"):
+            Master(coord, services, grown).run(threading.Event())
+        keys = EtcdKeys(config.name)
+        assert keys.ps_desired_of(coord.get(keys.ps_desired).value) == 2
+    finally:
+        coord.close()

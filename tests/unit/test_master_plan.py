@@ -195,3 +195,17 @@ def test_a_task_goes_back_at_once_when_its_trainer_left_else_after_its_timeout()
     assert plan.why_requeue(task, {"t1": 100.0}, 105.0, timed_out=False, timeout_s=30) is None  # it heartbeats
     assert plan.why_requeue(task, {"t2": 100.0}, 90.0, timed_out=False, timeout_s=30) is None
     assert plan.why_requeue(task, {}, 0.0, timed_out=True, timeout_s=30) == "timed out after 30 s on trainer t1"
+
+
+@pytest.mark.parametrize("mapped, refused", [
+    (None, False),  # a new job: the file's layout becomes its map
+    ((256, 2), False),
+    ((256, 3), True),  # a shard that would own nothing, or slots owned by none
+    ((128, 2), True),  # every parameter rehashed
+])
+def test_a_master_leads_only_with_the_shards_and_slots_of_the_jobs_slot_map(mapped, refused) -> None:
+    reason = plan.layout_refused("j", slots=256, shards=2, mapped=mapped)
+    assert (reason is not None) is refused
+    if refused:
+        have_slots, have_shards = mapped
+        assert f"pservers.count = {have_shards} and pservers.slots = {have_slots}" in reason and "'j'" in reason
