@@ -37,8 +37,13 @@ class CheckpointError(StreamtrainError, RuntimeError):
 
 
 class CheckpointMismatchError(CheckpointError):
-    """The newest checkpoint was written for another optimizer: starting fresh would silently
-    throw the trained parameters away, so the shard refuses to start."""
+    """The newest checkpoint was written for another optimizer or another slot map: starting
+    fresh would silently throw the trained parameters away, so the shard refuses to start."""
+
+
+def _slots_text(slots: tuple[int, ...]) -> str:
+    shown = ", ".join(str(s) for s in slots[:4])
+    return f"{len(slots)} slots ({shown}{', ...' if len(slots) > 4 else ''})"
 
 
 @dataclass(frozen=True)
@@ -111,25 +116,33 @@ class CheckpointStore:
         return [c for c in ids
                 if self.fs.get_file_info(f"{self.root}/{c}/{MANIFEST}").type == pafs.FileType.File]
 
-    def load_latest(self, rule: UpdateRule) -> Restored | None:
+    def load_latest(self, rule: UpdateRule, slots: tuple[int, ...] | None = None) -> Restored | None:
         """The newest checkpoint whose files match its manifest; None if there is none yet."""
         for checkpoint_id in reversed(self.complete_ids()):
             try:
-                return self.load(checkpoint_id, rule)
+                return self.load(checkpoint_id, rule, slots)
             except CheckpointMismatchError:
                 raise
             except (CheckpointError, SchemaError, OSError, ValueError):
                 continue  # damaged: fall back to the one before
         return None
 
-    def load(self, checkpoint_id: str, rule: UpdateRule) -> Restored:
-        """One checkpoint by id. Raises CheckpointError (or SchemaError, OSError) if unreadable."""
+    def load(self, checkpoint_id: str, rule: UpdateRule, slots: tuple[int, ...] | None = None) -> Restored:
+        """One checkpoint by id; `slots`: those the shard owns now, which the checkpoint must
+        hold (None: not checked). Raises CheckpointError (or SchemaError, OSError) if
+        unreadable, CheckpointMismatchError if written for another optimizer or other slots."""
         directory = f"{self.root}/{checkpoint_id}"
         manifest = CheckpointManifest.from_json(self._read(f"{directory}/{MANIFEST}"))
         if manifest.optimizer != rule.name:
             raise CheckpointMismatchError(
                 f"checkpoint {checkpoint_id} of shard {self.shard} was written by optimizer "
                 f"{manifest.optimizer!r}; the job now uses {rule.name!r}")
+        if slots is not None and tuple(manifest.slots) != tuple(slots):
+            # Its rows of slots moved away would be served twice, those of slots moved in never.
+            raise CheckpointMismatchError(
+                f"checkpoint {checkpoint_id} of shard {self.shard} holds the parameters of "
+                f"{_slots_text(manifest.slots)}, but the job's slot map now gives this shard "
+                f"{_slots_text(slots)}: a checkpoint taken under another slot map cannot be loaded")
         blobs = {}
         for entry in manifest.files:
             blob = self._read(f"{directory}/{entry.path}")

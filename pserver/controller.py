@@ -87,7 +87,7 @@ class ShardController:
         to, ack = doc.to, self.keys.checkpoint_rolled_back(doc.to, self.index)
         if self.etcd.get(ack) is not None:
             return False
-        end = self.shard.adopt(self.store.load(to, self.shard.state.rule).state)
+        end = self.shard.adopt(self.store.load(to, self.shard.state.rule, self.checkpoints.slots).state)
         retired = self.store.retire_after(to)
         # Never pruning `to`, which checkpoints/latest may not name yet.
         self.shard.checkpoint(rolled_back_id(to, new_checkpoint_id()), keep_also=(to,))

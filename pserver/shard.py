@@ -161,7 +161,7 @@ class PserverShard:
         checkpoints = CheckpointKeeper(store, etcd, self.keys, index, slot_map.slots_of(index),
                                        metrics.checkpoint_seconds)
         controller = ShardController(etcd, self.keys, index, store, checkpoints, self)
-        restored = store.load_latest(rule)
+        restored = store.load_latest(rule, checkpoints.slots)
         resume = 0
         if restored is None:
             self.state = ShardState(rule)

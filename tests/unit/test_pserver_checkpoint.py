@@ -91,6 +91,20 @@ def test_nothing_to_load_is_none_and_a_changed_optimizer_is_refused(tmp_path: Pa
         s.load_latest(Adagrad(lr=0.01))
 
 
+def test_a_checkpoint_of_other_slots_than_the_shard_owns_now_is_refused(tmp_path: Path) -> None:
+    """Loaded, a checkpoint of other slots would serve the rows of slots moved away twice and
+    those moved in never: at start and at a rollback alike, the shard refuses it."""
+    s = store(tmp_path)
+    checkpoint_id = s.save(trained(1), {"g": 1}, {}, (0, 2, 4)).checkpoint_id
+    assert s.load(checkpoint_id, Adam(lr=0.01), (0, 2, 4)).manifest.slots == (0, 2, 4)
+    assert s.load_latest(Adam(lr=0.01)) is not None  # not checked without the slots
+    with pytest.raises(CheckpointMismatchError, match=r"holds the parameters of 3 slots \(0, 2, 4\), but "
+                                                      r"the job's slot map now gives this shard 2 slots \(0, 2\)"):
+        s.load(checkpoint_id, Adam(lr=0.01), (0, 2))
+    with pytest.raises(CheckpointMismatchError, match="another slot map"):
+        s.load_latest(Adam(lr=0.01), (1, 3, 5))
+
+
 def test_unsupported_uri_is_a_clear_error() -> None:
     with pytest.raises(CheckpointError, match="checkpoint_uri"):
         CheckpointStore("nosuchscheme://x", "job", 0)
