@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.membership import Members, members
 from streamtrain.jobstate.offsets import InputOffsets, InputUnavailableError
+from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.schemas import EtcdKeys, Holder, JobState, PartitionCursor, SchemaError, TaskRecord
 
 STATES = ("todo", "pending", "done", "failed")
@@ -36,9 +37,11 @@ class JobStatus:
     partitions: list[PartitionLag]
     members: Members
     failed: list[TaskRecord]
+    slots: dict[int, int]  # shard -> slots it owns, by the job's slot map (empty: no map yet)
 
     def as_dict(self) -> dict:
         doc = asdict(self)
+        doc["slots"] = {str(shard): n for shard, n in self.slots.items()}
         doc["failed"] = [json.loads(t.to_json()) for t in self.failed]
         for p, lag in zip(doc["partitions"], self.partitions):
             p["lag"] = lag.lag
@@ -64,6 +67,8 @@ def job_status(etcd: Etcd, offsets: InputOffsets | None, job: str) -> JobStatus:
             continue
     leader = etcd.get(keys.master_lock)
     state = etcd.get(keys.state)
+    mapped = etcd.get(keys.slots)
+    slot_map = SlotMap.from_json(mapped.value) if mapped else None
     return JobStatus(
         job=job,
         leader=Holder.from_json(leader.value) if leader else None,
@@ -73,4 +78,5 @@ def job_status(etcd: Etcd, offsets: InputOffsets | None, job: str) -> JobStatus:
                                  ends.get((c.topic, c.partition))) for c in cursors],
         members=members(etcd, job),
         failed=failed,
+        slots={} if slot_map is None else {s: len(slot_map.slots_of(s)) for s in range(slot_map.shards)},
     )

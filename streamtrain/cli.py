@@ -340,6 +340,9 @@ def job_status_cmd(
     console.print(f"trainers {len(status.members.trainers)}: {', '.join(sorted(status.members.trainers)) or '-'}")
     console.print(f"pservers {len(status.members.pservers)}: "
                   f"{', '.join(str(i) for i in sorted(status.members.pservers)) or '-'}")
+    if status.slots:
+        console.print(f"slots    {sum(status.slots.values())} over {len(status.slots)} shards: "
+                      + "  ".join(f"{shard}:{n}" for shard, n in status.slots.items()))
     for task in status.failed:
         console.print(f"[red]failed[/red] {task.task_id} [{task.start}, {task.end}): {task.reason}")
 

@@ -221,3 +221,21 @@ def test_a_job_file_whose_shard_count_changed_is_refused_with_the_reason(service
         assert keys.ps_desired_of(coord.get(keys.ps_desired).value) == 2
     finally:
         coord.close()
+
+
+def test_job_status_shows_the_queues_the_members_and_the_slots_each_shard_owns(services, topic_factory, unique,
+                                                                               tmp_path) -> None:
+    topic = topic_factory("status", partitions=2)
+    config = make_job(unique("status"), topic, tmp_path)
+    coord = Etcd.connect(services)
+    try:
+        publish_job(coord, config)
+        done = streamtrain(services, "job", "status", "--job", config.name, "--json")
+        assert done.returncode == 0, done.stderr.decode()
+        status = json.loads(done.stdout)
+        assert status["job"] == config.name and status["queues"] == {"todo": 0, "pending": 0, "done": 0, "failed": 0}
+        assert status["slots"] == {"0": 128, "1": 128}
+        text = " ".join(streamtrain(services, "job", "status", "--job", config.name).stdout.decode().split())
+        assert "slots 256 over 2 shards: 0:128 1:128" in text, text
+    finally:
+        coord.close()
