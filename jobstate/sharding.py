@@ -2,8 +2,9 @@
 
 A sparse row `(table, id)` or a dense block `(param, block)` hashes to one of S slots (S fixed
 per job, 128…1024, `pservers.slots`); the slot map assigns slots to shards. Changing the
-number of shards would mean moving slots, never rehashing parameters (resizing is not built:
-the slot map is written once per job). The hash is splitmix64 over
+number of shards means moving slots (`SlotMap.resized`), never rehashing parameters (the
+protocol that would move them while a job trains is not built: the slot map is written once
+per job). The hash is splitmix64 over
 the id salted with a digest of the table name: stable across processes, Python versions and
 machines (Python's own `hash` is salted per process), and vectorised over id arrays.
 """
@@ -67,6 +68,25 @@ class SlotMap:
         if shards < 1 or slots < shards:
             raise ValueError(f"slot map: {slots} slots cannot be spread over {shards} shards")
         return cls(tuple(s % shards for s in range(slots)))
+
+    def resized(self, shards: int) -> SlotMap:
+        """The map over `shards` shards that moves the fewest slots. Each shard's share is
+        slots // shards, one more for the slots % shards shards that own the most now (so
+        they give up fewest); a shard keeps its lowest slots up to its share, and gives up
+        the rest, or all of them if its index is `shards` or above (it leaves); the slots
+        given up go, lowest first, to the shards below their share, lowest index first."""
+        if shards < 1 or self.slots < shards:
+            raise ValueError(f"slot map: {self.slots} slots cannot be spread over {shards} shards")
+        have = [self.slots_of(s) for s in range(shards)]
+        largest = sorted(range(shards), key=lambda s: (-len(have[s]), s))[:self.slots % shards]
+        share = [self.slots // shards + (s in largest) for s in range(shards)]
+        owners = list(self.owners)
+        freed = sorted([slot for s in range(shards) for slot in have[s][share[s]:]]
+                       + [slot for slot, owner in enumerate(self.owners) if owner >= shards])
+        for s in range(shards):
+            for _ in range(share[s] - len(have[s])):
+                owners[freed.pop(0)] = s
+        return SlotMap(tuple(owners))
 
     @property
     def slots(self) -> int:

@@ -7,6 +7,8 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streamtrain.jobstate.sharding import SlotMap, row_hash
 
@@ -65,3 +67,31 @@ def test_bad_slot_map_json_is_rejected(raw: bytes) -> None:
 def test_more_shards_than_slots_is_rejected() -> None:
     with pytest.raises(ValueError):
         SlotMap.uniform(2, 3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 9), st.lists(st.integers(1, 9), min_size=1, max_size=4))
+def test_a_resize_moves_the_fewest_slots_and_leaves_every_shard_its_share(extra, start, steps) -> None:
+    """Grown or shrunk, in any order: the shares differ by at most one slot, and a slot moves
+    only off a shard that leaves or holds more than its share, so no smaller move balances."""
+    slots = 9 + extra
+    current = SlotMap.uniform(slots, start)
+    for shards in steps:
+        resized = current.resized(shards)
+        counts = [len(resized.slots_of(s)) for s in range(shards)]
+        assert resized.shards == shards and max(counts) - min(counts) <= 1 and min(counts) >= 1
+        moved = sum(a != b for a, b in zip(current.owners, resized.owners))
+        had = [len(current.slots_of(s)) for s in range(current.shards)]
+        must = sum(n if s >= shards else max(0, n - counts[s]) for s, n in enumerate(had))
+        assert moved == must, (current.owners, resized.owners)
+        current = resized
+
+
+def test_a_shard_that_joins_takes_a_share_from_each_and_the_others_keep_theirs() -> None:
+    two = SlotMap.uniform(12, 2)
+    three = two.resized(3)
+    assert [len(three.slots_of(s)) for s in range(3)] == [4, 4, 4]
+    assert set(three.slots_of(0)) <= set(two.slots_of(0)) and set(three.slots_of(1)) <= set(two.slots_of(1))
+    assert three.resized(2).resized(2) == three.resized(2) and SlotMap.uniform(12, 2).resized(2) == two
+    with pytest.raises(ValueError, match="12 slots cannot be spread over 13"):
+        two.resized(13)
