@@ -69,6 +69,10 @@ class Dedup:
             ledger.watermark = max(ledger.watermark, trained)
             ledger.max_seq = {s: q for s, q in ledger.max_seq.items() if s >= ledger.watermark}
 
+    def marks(self) -> dict[Partition, tuple[int, int]]:
+        """{(topic, partition): (pass_no, watermark)}: what `fold` was last given, per partition."""
+        return {tp: (l.pass_no, l.watermark) for tp, l in self._ledgers.items()}
+
     def watermarks(self) -> dict[str, int]:
         """{"topic:partition": offset below which every task is applied}, for the manifest."""
         return {partition_label(t, p): l.watermark for (t, p), l in sorted(self._ledgers.items())}

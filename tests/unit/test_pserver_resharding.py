@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streamtrain.jobstate.optimizers import Adagrad
+from streamtrain.jobstate.optimizers import Adagrad, Adam
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.pserver.resharding import NotACutError, regroup
 from streamtrain.pserver.state import ShardState
@@ -59,10 +59,10 @@ def test_slots_move_with_their_rows_and_state_so_training_goes_on_as_if_unsharde
     back = three.resized(2)
     states = {s: ShardState(RULE) for s in range(2)}
     trained(states, two, groups[:10], 0)
-    states = regroup(states, three)  # grown by one shard
+    states = regroup(states, two, three)  # grown by one shard
     assert sorted(states) == [0, 1, 2]
     trained(states, three, groups[10:20], 10)
-    states = regroup(states, back)  # and shrunk back
+    states = regroup(states, three, back)  # and shrunk back
     trained(states, back, groups[20:], 20)
     assert every_row(states) == every_row(alone)
     for key, block in alone[0].dense.items():
@@ -79,7 +79,7 @@ def test_a_group_applied_before_the_move_is_dropped_by_its_new_owner_too() -> No
     states = {s: ShardState(RULE) for s in range(2)}
     trained(states, SlotMap.uniform(64, 2), groups, 0)
     three = SlotMap.uniform(64, 2).resized(3)
-    moved = regroup(states, three)
+    moved = regroup(states, SlotMap.uniform(64, 2), three)
     before = every_row(moved)
     trained(moved, three, groups[3:], 3)  # redone after the move
     assert every_row(moved) == before and all(s.dedup.dropped == 1 for s in moved.values())
@@ -92,4 +92,33 @@ def test_states_of_different_cuts_are_refused() -> None:
     trained(states, SlotMap.uniform(64, 2), groups[:2], 0)
     apply({0: states[0]}, SlotMap.uniform(64, 2), 2, *groups[2])  # shard 1 has not applied it yet
     with pytest.raises(NotACutError, match="not of one cut"):
-        regroup(states, SlotMap.uniform(64, 3))
+        regroup(states, SlotMap.uniform(64, 2), SlotMap.uniform(64, 3))
+
+
+def test_a_cut_is_a_cut_however_far_each_shard_has_folded_its_ledger() -> None:
+    """Shards fold their ledgers and example counts each on its own schedule: one folded and
+    one not, at the same cut, are moved as one, and every new shard takes them folded."""
+    rng = np.random.default_rng(4)
+    groups = [group(s, rng) for s in range(4)]
+    two = SlotMap.uniform(64, 2)
+    states = {s: ShardState(RULE) for s in range(2)}
+    trained(states, two, groups, 0)
+    states[0].fold({("clicks", 0): (0, 1)})  # the master's watermark passed the task
+    moved = regroup(states, two, two.resized(3))
+    for state in moved.values():
+        assert state.examples_folded == {"clicks:0": 40} and not state.examples
+        assert state.dedup.marks() == {("clicks", 0): (0, 1)}
+    with pytest.raises(ValueError, match="states of shards \\[0\\], but the old map has 2"):
+        regroup({0: states[0]}, two, two.resized(3))  # shard 1's rows would be lost
+
+
+def test_every_new_shard_has_every_table_at_the_newest_table_clock() -> None:
+    """Adam's bias correction counts a table's applies on its shard: a shard that joins takes
+    the newest, and has the table even where no row of it moves yet."""
+    rng = np.random.default_rng(5)
+    two = SlotMap.uniform(64, 2)
+    states = {s: ShardState(Adam(lr=0.01)) for s in range(2)}
+    trained(states, two, [group(s, rng) for s in range(6)], 0)
+    states[1].tables["emb"].updates -= 1  # a push that brought shard 1 no row of the table
+    moved = regroup(states, two, two.resized(3))
+    assert [moved[s].tables["emb"].updates for s in range(3)] == [6, 6, 6]
