@@ -27,7 +27,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from streamtrain.infra import Endpoints
+from streamtrain.infra import Endpoints, InfraError
 from streamtrain.infra.endpoints import state_home
 from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.errors import CoordinationError
@@ -112,11 +112,14 @@ class LocalJob:
 
         if self.supervisor is not None:
             raise LocalJobError(f"LocalJob {self.name!r} already started")
-        etcd = Etcd.connect(self.endpoints)
         try:
-            refuse_changed_layout(etcd, self.config)
-        finally:
-            etcd.close()
+            etcd = Etcd.connect(self.endpoints)
+            try:
+                refuse_changed_layout(etcd, self.config)
+            finally:
+                etcd.close()
+        except CoordinationError as exc:
+            raise InfraError(f"etcd at {self.endpoints.etcd}: {exc}") from exc
         self._started = time.monotonic()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if self.job_file is None:

@@ -114,9 +114,11 @@ class RowReplica:
     def hold(self, ids: np.ndarray, owners: np.ndarray, values: np.ndarray) -> None:
         """Hold rows a pull read from their keys (distinct `ids` not held, owned by `owners`),
         those of shards followed only. A shard is followed from a flush on; a row read before
-        any (its rounds not read yet, or the pull retried without them) could be older than
-        that flush, and the rounds up to it, passed over, would never bring it up to date: one
-        sync trainer trained its second step on 67 rows missing its first (bench/RESULTS.md)."""
+        the replica has seen any flush of its shard could be older than the flush it is then
+        followed from, and the rounds up to that flush, passed over, would never bring it up to
+        date: one sync trainer trained its second step on 67 rows missing its first
+        (bench/RESULTS.md). A row read while its shard is followed is no older than the flush
+        its position came from, and the rounds after it bring it up to date."""
         followed = np.array([self._positions[s] is not None for s in range(len(self._positions))])
         keep = followed[owners]
         if keep.all():
