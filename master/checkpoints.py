@@ -55,15 +55,18 @@ class _Outstanding:
 
 class PeriodicCheckpoints:
     def __init__(self, etcd: Etcd, job: str, every_s: float, shards: int, clock: Callable[[], float]) -> None:
+        """`shards`: the job's shard count, until `step` says otherwise (a resize)."""
         self.etcd, self.job, self.every_s, self.shards, self.clock = etcd, job, every_s, shards, clock
         self.last_began = clock()  # the first one after an interval, as a shard's own
         self._outstanding: _Outstanding | None = None
 
-    def step(self, *, request: bytes | None, busy: bool) -> bool:
+    def step(self, *, request: bytes | None, busy: bool, shards: int | None = None) -> bool:
         """One turn. `request`: the value of `control/checkpoint` now (None: unset); `busy`:
-        a rollback or a pause is under way. Returns whether a checkpoint is outstanding: the
-        master slices nothing then."""
+        a rollback or a pause is under way; `shards`: the job's shard count now, if known.
+        Returns whether a checkpoint is outstanding: the master slices nothing then."""
         now = self.clock()
+        if shards is not None:
+            self.shards = shards
         mine = self._outstanding
         if mine is not None and request != mine.request:
             self._outstanding = mine = None  # replaced or withdrawn by someone else

@@ -177,5 +177,6 @@ def layout_refused(job: str, slots: int, shards: int, mapped: tuple[int, int] | 
     have_slots, have_shards = mapped
     return (f"job {job!r}: the job file asks for pservers.count = {shards} over pservers.slots = {slots}, "
             f"but the job's slot map in etcd spreads {have_slots} slots over {have_shards} shard(s), and its "
-            f"parameters live where that map says. A running job cannot be resized yet: set pservers.count = "
-            f"{have_shards} and pservers.slots = {have_slots} again, or start afresh under another job name")
+            f"parameters live where that map says. Set pservers.count = {have_shards} and pservers.slots = "
+            f"{have_slots} (a job resized with `streamtrain resize` has its new count there), or resize the "
+            f"job with `streamtrain resize`, or start afresh under another job name")

@@ -143,16 +143,18 @@ class Master:
         now = self.clock()
         # The rollback request rides in the same read: the master's round trips per step are
         # what bounds how fast it folds (the 100k-task test's key count depends on it).
-        pending, done, failed, trainers, ps, rollback, pause, checkpoint = self.etcd.ranges([
+        pending, done, failed, trainers, ps, rollback, pause, checkpoint, desired = self.etcd.ranges([
             self.keys.tasks("pending"), self.keys.tasks("done"), self.keys.tasks("failed"),
             self.keys.trainers_prefix, self.keys.ps_prefix, self.keys.control("rollback"),
-            self.keys.control("pause"), self.keys.control("checkpoint"),
+            self.keys.control("pause"), self.keys.control("checkpoint"), self.keys.ps_desired,
         ])
         if rollback and (request := self._rollback_request(rollback[0].value)) and request.phase == "master":
             self._roll_back(request)
             return
+        # The shard count is the job file's until a resize changes it (streamtrain/resizing.py).
         checkpointing = self.checkpoints.step(request=checkpoint[0].value if checkpoint else None,
-                                              busy=bool(rollback or pause))
+                                              busy=bool(rollback or pause),
+                                              shards=self.keys.ps_desired_of(desired[0].value) if desired else None)
         todo = self.etcd.range(self.keys.tasks("todo"), keys_only=True)
         self.metrics.queues(todo=len(todo), pending=len(pending), done=len(done), failed=len(failed))
         self._watch_members("trainers", {self.keys.trainer_of(e.key) for e in trainers})

@@ -41,6 +41,10 @@ class CheckpointMismatchError(CheckpointError):
     fresh would silently throw the trained parameters away, so the shard refuses to start."""
 
 
+class SlotsMismatchError(CheckpointMismatchError):
+    """The checkpoint holds other slots than the shard owns now."""
+
+
 def _slots_text(slots: tuple[int, ...]) -> str:
     shown = ", ".join(str(s) for s in slots[:4])
     return f"{len(slots)} slots ({shown}{', ...' if len(slots) > 4 else ''})"
@@ -117,14 +121,22 @@ class CheckpointStore:
                 if self.fs.get_file_info(f"{self.root}/{c}/{MANIFEST}").type == pafs.FileType.File]
 
     def load_latest(self, rule: UpdateRule, slots: tuple[int, ...] | None = None) -> Restored | None:
-        """The newest checkpoint whose files match its manifest; None if there is none yet."""
+        """The newest checkpoint whose files match its manifest and that holds `slots`; None
+        if there is none yet. One of other slots is passed over (a shard of a job being resized
+        may have checkpointed under the old map after the resized checkpoint was written, which
+        the resize's rollback retires), but if there are only such, that is refused."""
+        other_slots: SlotsMismatchError | None = None
         for checkpoint_id in reversed(self.complete_ids()):
             try:
                 return self.load(checkpoint_id, rule, slots)
+            except SlotsMismatchError as exc:
+                other_slots = other_slots or exc
             except CheckpointMismatchError:
                 raise
             except (CheckpointError, SchemaError, OSError, ValueError):
                 continue  # damaged: fall back to the one before
+        if other_slots is not None:
+            raise other_slots
         return None
 
     def load(self, checkpoint_id: str, rule: UpdateRule, slots: tuple[int, ...] | None = None) -> Restored:
@@ -139,7 +151,7 @@ class CheckpointStore:
                 f"{manifest.optimizer!r}; the job now uses {rule.name!r}")
         if slots is not None and tuple(manifest.slots) != tuple(slots):
             # Its rows of slots moved away would be served twice, those of slots moved in never.
-            raise CheckpointMismatchError(
+            raise SlotsMismatchError(
                 f"checkpoint {checkpoint_id} of shard {self.shard} holds the parameters of "
                 f"{_slots_text(manifest.slots)}, but the job's slot map now gives this shard "
                 f"{_slots_text(slots)}: a checkpoint taken under another slot map cannot be loaded")

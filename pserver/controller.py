@@ -10,6 +10,7 @@ from typing import Literal, Protocol
 
 from streamtrain.jobstate.checkpoints import new_checkpoint_id
 from streamtrain.jobstate.etcd import Etcd
+from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.pserver.checkpoint import CheckpointStore
 from streamtrain.pserver.control import rolled_back_id
 from streamtrain.pserver.keeper import CheckpointKeeper
@@ -18,7 +19,7 @@ from streamtrain.schemas import CheckpointRequest, EtcdKeys, RollbackAck, Rollba
 
 log = logging.getLogger(__name__)
 
-Done = Literal["checkpoint", "rollback"] | None
+Done = Literal["checkpoint", "rollback", "leave"] | None
 
 
 class Controlled(Protocol):
@@ -47,7 +48,10 @@ class ShardController:
         """Read the requests and carry out the one there is, if any; a rollback first: no
         checkpoint meanwhile, since one requested before the rollback would pair its job record
         with parameters of the abandoned timeline (the request is withdrawn anyway)."""
-        checkpoint, rollback = self.etcd.ranges([self.keys.control("checkpoint"), self.keys.control("rollback")])
+        checkpoint, rollback, slots = self.etcd.ranges([self.keys.control("checkpoint"),
+                                                        self.keys.control("rollback"), self.keys.slots])
+        if slots and self.index >= SlotMap.from_json(slots[0].value).shards:
+            return "leave"  # resized below this shard: its slots are others' now
         if rollback:
             return "rollback" if self._roll_back(rollback[0].value) else None
         if not checkpoint:
@@ -87,6 +91,9 @@ class ShardController:
         to, ack = doc.to, self.keys.checkpoint_rolled_back(doc.to, self.index)
         if self.etcd.get(ack) is not None:
             return False
+        # The slots this shard owns now: a rollback after a resize (streamtrain/resizing.py)
+        # loads a checkpoint of the new map.
+        self.checkpoints.slots = SlotMap.from_json(self.etcd.get(self.keys.slots).value).slots_of(self.index)
         end = self.shard.adopt(self.store.load(to, self.shard.state.rule, self.checkpoints.slots).state)
         retired = self.store.retire_after(to)
         # Never pruning `to`, which checkpoints/latest may not name yet.

@@ -49,7 +49,8 @@ from streamtrain.pserver.publisher import Publisher
 from streamtrain.pserver.publishing import BackgroundPublisher
 from streamtrain.pserver.state import BadDeltaError, ShardState
 from streamtrain.pserver.storage import ShardStorage
-from streamtrain.schemas import BarrierStats, BarrierSteps, EtcdKeys, GradientDelta, PartitionCursor, RedisKeys, ShardStats
+from streamtrain.schemas import (BarrierStats, BarrierSteps, EtcdKeys, GradientDelta, PartitionCursor, RedisKeys,
+                                 ShardStats, StreamtrainError)
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,10 @@ class ShardParts:
     publishing: BackgroundPublisher
 
 
+
+class ShardLeft(StreamtrainError):  # noqa: N818  a signal to stop, not a failure
+    """A resize left this shard's index outside the slot map (streamtrain/resizing.py)."""
+
 class PserverShard:
     def __init__(self, endpoints: Endpoints, options: ShardOptions, *, etcd: Etcd | None = None,
                  redis_conn: redis.Redis | None = None, storage: ShardStorage | None = None) -> None:
@@ -138,6 +143,8 @@ class PserverShard:
             log.info("shard %d of job %s registered", self.index, self.options.job)
             try:
                 self._serve(etcd, config, stop, ready)
+            except ShardLeft as exc:
+                log.info("%s; stopping", exc)
             finally:
                 self.lease.revoke()
         finally:
@@ -298,7 +305,10 @@ class PserverShard:
     # -- serving -------------------------------------------------------------------------
     def _housekeeping(self) -> None:
         parts = self.parts
-        if parts.controller.poll() == "checkpoint":
+        done = parts.controller.poll()
+        if done == "leave":
+            raise ShardLeft(f"shard {self.index}: the job was resized below it; its slots are others' now")
+        if done == "checkpoint":
             self.schedule.requested(time.monotonic())
         stats = self.stats()
         parts.metrics.observe_stats(stats)

@@ -14,7 +14,8 @@ Byte-by-byte layouts: docs/schemas.md.
 
 from .checkpoint import CheckpointManifest, FileEntry
 from .clicklog import ClickRecord, ImpressionRecord, JoinWaiting
-from .control import CheckpointRequest, LatestCheckpoint, PauseRequest, RollbackAck, RollbackRequest, ShardCheckpoint
+from .control import (CheckpointRequest, LatestCheckpoint, PauseRequest, ResizeRecord, RollbackAck, RollbackRequest,
+                      ShardCheckpoint)
 from .cursor import PartitionCursor
 from .deadletter import DeadLetter
 from .errors import SchemaError, StreamtrainError
@@ -61,6 +62,7 @@ __all__ = [
     "PublishedRound",
     "RedisKeys",
     "RollbackAck",
+    "ResizeRecord",
     "RollbackRequest",
     "RoundRows",
     "SavedBlock",

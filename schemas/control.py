@@ -9,6 +9,7 @@ and what answers them.
 | `LatestCheckpoint` | `checkpoints/latest` | the master; `rollback` when done | shards (never prune it), `rollback --to latest` |
 | `RollbackRequest` | `control/rollback` | `rollback` (phase "master"), the master (phase "shards") | the master, shards |
 | `RollbackAck` | `checkpoints/<id>/rolled/<i>` | shard i, rolled back | `rollback` |
+| `ResizeRecord` | `control/resize` | `resize`, with the new slot map | `resize` (one run again finishes it) |
 
 The job's side of a checkpoint (`checkpoints/<id>/job`) is jobstate/checkpoints.py's record.
 """
@@ -195,6 +196,32 @@ class RollbackAck:
                    _json.field(_ack, doc, "at"))
 
 
+@dataclass(frozen=True)
+class ResizeRecord:
+    """A resize under way: the slot map gives the job `shards` shards now, and the job is
+    to roll back to checkpoint `checkpoint`, the shards' state regrouped under that map."""
+
+    shards: int
+    checkpoint: str
+    at: float
+
+    def __post_init__(self) -> None:
+        _resize.integer("shards", self.shards, lo=1)
+        _resize.checkpoint_id("checkpoint", self.checkpoint)
+        _resize.number("at", self.at)
+
+    def to_json(self) -> bytes:
+        return _encode(self)
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> ResizeRecord:
+        """Raises: SchemaError."""
+        doc = _json.loads(_resize, data)
+        return cls(_json.field(_resize, doc, "shards"), _json.field(_resize, doc, "checkpoint"),
+                   _json.field(_resize, doc, "at"))
+
+
+_resize = Check("ResizeRecord", VERSION)
 _pause = Check("PauseRequest", VERSION)
 _request = Check("CheckpointRequest", VERSION)
 _shard = Check("ShardCheckpoint", VERSION)

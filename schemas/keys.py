@@ -12,9 +12,9 @@ import numpy as np
 from ._check import U32_MAX, U64_MAX, Check
 
 TaskState = Literal["todo", "pending", "done", "failed"]
-Control = Literal["pause", "checkpoint", "rollback"]
+Control = Literal["pause", "checkpoint", "rollback", "resize"]
 TASK_STATES: tuple[TaskState, ...] = ("todo", "pending", "done", "failed")
-CONTROLS: tuple[Control, ...] = ("pause", "checkpoint", "rollback")
+CONTROLS: tuple[Control, ...] = ("pause", "checkpoint", "rollback", "resize")
 
 _job_check = Check("Job")
 _etcd_check = Check("EtcdKeys")

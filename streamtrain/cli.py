@@ -453,6 +453,35 @@ def rollback_cmd(
     print(to)
 
 
+@app.command("resize")
+def resize_cmd(
+    job: JobOpt,
+    pservers: Annotated[int, typer.Option("--pservers", min=1, help="The job's shard count from now on.")],
+    wait_s: Annotated[float, typer.Option("--wait-s", help="How long the checkpoint and the rollback have.")] = 300.0,
+) -> None:
+    """Move a running job to N parameter-server shards: checkpoint, move the fewest slots with
+    their rows and optimizer state, roll back to the moved copy; trainers pause meanwhile. A
+    shard that joins must be started (`pserver --job JOB --index i`); one that leaves stops."""
+    from streamtrain.checkpoints import CheckpointError
+    from streamtrain.jobstate.etcd import Etcd
+    from streamtrain.pserver.storage import ShardStorage
+    from streamtrain.resizing import ResizeError, resize
+
+    name = _job_name(job)
+    endpoints = Endpoints.resolve()
+    etcd = Etcd.connect(endpoints)
+    try:
+        done = resize(etcd, ShardStorage(endpoints), name, pservers, wait_s)
+    except (CheckpointError, ResizeError) as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False)
+        raise typer.Exit(1) from exc
+    finally:
+        etcd.close()
+    console.print(f"job {name}: {done.shards_before} -> {done.shards} shards, {done.moved_slots} slots moved, "
+                  f"rolled back to {done.checkpoint} in {done.took_s:.1f} s; set pservers.count = {done.shards} "
+                  "in the job file", highlight=False)
+
+
 @job_app.command("check")
 def job_check_cmd(
     job: Annotated[Path, typer.Option("--job", help="Job file (TOML).")],

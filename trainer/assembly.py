@@ -8,6 +8,7 @@ decoders, features, models, are tested without services in tests/unit/test_train
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,31 +43,43 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class TrainerParts:
-    """One job's run of a trainer, wired: fixed from its start to its end. The parts keep
-    their own state (the buffer its deltas, the committer its thread); which of them there
-    are does not change. What does change, the membership lease and the step, the trainer
-    holds itself."""
+class ShardedParts:
+    """The parts of a trainer's run that route by shard, made again when the job is resized."""
 
-    config: JobConfig
-    etcd: Etcd
-    redis: redis.Redis  # the trainer's own unless it was given one
-    topics: Topics
-    tasks: TaskClient
     slot_map: SlotMap
-    chunk_records: int  # records the loader decodes at a time
-    loader: RecordLoader  # started, maybe not ready yet
-    model: torch.nn.Module
+    revision: int  # the etcd revision the slot map was written at
     buffer: GradientBuffer
     own: OwnPushes
     groups: GroupTrainer
     gate: StepGate
     applied_watch: AppliedWatch
     in_flight: InFlight | None  # async SGD only
+    first_step: int  # the step of the trainer's first push under this map
+
+    def close(self) -> None:
+        self.applied_watch.close()
+        self.gate.close()
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerParts:
+    """One job's run of a trainer, wired: fixed from its start to its end, but for the parts
+    that route by shard (`sharded`), made again if the job is resized. The parts keep their
+    own state (the buffer its deltas, the committer its thread). What does change, the
+    membership lease and the step, the trainer holds itself."""
+
+    config: JobConfig
+    etcd: Etcd
+    redis: redis.Redis  # the trainer's own unless it was given one
+    topics: Topics
+    tasks: TaskClient
+    chunk_records: int  # records the loader decodes at a time
+    loader: RecordLoader  # started, maybe not ready yet
+    model: torch.nn.Module
+    layout: DenseLayout  # the model's dense parameters as blocks, with their initial values
     delivery: Delivery
     committer: Committer
-    first_step: int  # the step of the trainer's first push
-
+    sharded: ShardedParts
 
 def assemble(config: JobConfig, trainer_id: str, *, etcd: Etcd, redis_conn: redis.Redis | None,
              endpoints: Endpoints, broker: Broker, device: torch.device, obs: TrainerMetrics,
@@ -84,12 +97,8 @@ def assemble(config: JobConfig, trainer_id: str, *, etcd: Etcd, redis_conn: redi
     for task_id in tasks.requeue_predecessors():
         log.warning("trainer %s: task %s was still held under this id by a predecessor; requeued",
                     trainer_id, task_id)
-    slots = etcd.get(EtcdKeys(config.name).slots)
-    if slots is None:
-        raise MasterError(f"job {config.name!r} has no slot map in etcd: start its master first")
-    slot_map = SlotMap.from_json(slots.value)
-    shards = slot_map.shards
-    broker.ensure_topics(config, shards)
+    slot_map, revision = slot_map_of(etcd, config.name)
+    broker.ensure_topics(config, slot_map.shards)
     spec = model_spec(config)
     # Started first: the child's imports overlap the rest of the start-up. Records are
     # decoded in chunks large enough to amortise the per-chunk numpy calls.
@@ -97,10 +106,48 @@ def assemble(config: JobConfig, trainer_id: str, *, etcd: Etcd, redis_conn: redi
     loader = broker.loader(config, trainer_id, spec.fields, spec.dense_features, chunk_records)
     use_torch_threads(config)
     model = build_model(config).to(device)
-    rows = RowLayout.of(model.tables)
+    # The dense blocks' initial values are the model's as built: taken once, never from a
+    # model that has trained (the shards hold only what training added, trainer/params.py).
     layout = DenseLayout(model)
     layout.load({})
     redis_conn = redis_conn or redis_client(endpoints)
+    sharded = _sharded(config, trainer_id, slot_map, revision, model, layout, redis_conn, device, obs)
+    delivery = broker.delivery(config, trainer_id)
+    committer = Committer(delivery, tasks, ended)
+    return TrainerParts(config=config, etcd=etcd, redis=redis_conn, topics=topics, tasks=tasks,
+                        chunk_records=chunk_records, loader=loader, model=model, layout=layout, delivery=delivery,
+                        committer=committer, sharded=sharded)
+
+
+def resharded(parts: TrainerParts, trainer_id: str, broker: Broker, device: torch.device,
+              obs: TrainerMetrics) -> TrainerParts:
+    """`parts` under the job's slot map as etcd has it now (a resize, streamtrain/resizing.py):
+    the parts that route by shard made again; the model, loader, delivery and committer kept.
+    Call between tasks, with no push of this trainer in flight."""
+    slot_map, revision = slot_map_of(parts.etcd, parts.config.name)
+    broker.ensure_topics(parts.config, slot_map.shards)
+    parts.sharded.close()
+    sharded = _sharded(parts.config, trainer_id, slot_map, revision, parts.model, parts.layout, parts.redis,
+                       device, obs)
+    return dataclasses.replace(parts, sharded=sharded)
+
+
+def slot_map_of(etcd: Etcd, job: str) -> tuple[SlotMap, int]:
+    """The job's slot map and the etcd revision it was written at.
+
+    Raises:
+        MasterError: the job has no slot map (its master never started).
+    """
+    slots = etcd.get(EtcdKeys(job).slots)
+    if slots is None:
+        raise MasterError(f"job {job!r} has no slot map in etcd: start its master first")
+    return SlotMap.from_json(slots.value), slots.mod_revision
+
+
+def _sharded(config: JobConfig, trainer_id: str, slot_map: SlotMap, revision: int, model: torch.nn.Module,
+             layout: DenseLayout, redis_conn: redis.Redis, device: torch.device, obs: TrainerMetrics) -> ShardedParts:
+    shards = slot_map.shards
+    rows = RowLayout.of(model.tables)
     client = ParamClient(redis_conn, config.name, slot_map)
     sync = ParamSync(client, layout, replica=RowReplica(rows.name, rows.width, shards))
     buffer = GradientBuffer(slot_map, shards)
@@ -119,9 +166,5 @@ def assemble(config: JobConfig, trainer_id: str, *, etcd: Etcd, redis_conn: redi
                          max_wait_s=max(1.0, config.tasks.timeout_s / 3)
                          ) if config.train.sgd == "async" else None
     first_step = gate.first_step() if gate.active else own.first_step(client.applied())
-    delivery = broker.delivery(config, trainer_id)
-    committer = Committer(delivery, tasks, ended)
-    return TrainerParts(config=config, etcd=etcd, redis=redis_conn, topics=topics, tasks=tasks, slot_map=slot_map,
-                        chunk_records=chunk_records, loader=loader, model=model, buffer=buffer, own=own,
-                        groups=groups, gate=gate, applied_watch=applied_watch, in_flight=in_flight,
-                        delivery=delivery, committer=committer, first_step=first_step)
+    return ShardedParts(slot_map=slot_map, revision=revision, buffer=buffer, own=own, groups=groups, gate=gate,
+                        applied_watch=applied_watch, in_flight=in_flight, first_step=first_step)

@@ -34,7 +34,7 @@ from streamtrain.jobstate.membership import register_trainer, wait_for_job_confi
 from streamtrain.jobstate.observability import TrainerMetrics
 from streamtrain.jobstate.tasks import ClaimedTask
 from streamtrain.schemas import DeadLetter, EtcdKeys
-from streamtrain.trainer.assembly import TrainerParts, assemble
+from streamtrain.trainer.assembly import TrainerParts, assemble, resharded
 from streamtrain.trainer.broker import Broker
 from streamtrain.trainer.committer import Ended
 from streamtrain.trainer.features import Batch, MiniBatches
@@ -112,6 +112,7 @@ class Trainer:
         self.lease: Lease | None = None
         self._membership_lock = threading.Lock()
         self.step = 0  # push groups sent, across tasks: the next push's step
+        self.slots_seen = 0  # the newest etcd revision of the slot map the feed has read
 
     @property
     def registered(self) -> bool:
@@ -135,8 +136,7 @@ class Trainer:
                 finally:
                     parts.loader.close()
                     parts.delivery.close()
-                    parts.applied_watch.close()
-                    parts.gate.close()
+                    self.parts.sharded.close()
                     if self._given_redis is None:
                         parts.redis.close()
                     self.lease.revoke()
@@ -150,7 +150,7 @@ class Trainer:
         parts = self.parts = assemble(config, self.trainer_id, etcd=etcd, redis_conn=self._given_redis,
                                       endpoints=self.endpoints, broker=self.broker, device=self.device,
                                       obs=self.obs, ended=self._ended)
-        self.step = parts.first_step
+        self.step = parts.sharded.first_step
         try:
             parts.loader.wait_ready()
         except BaseException:
@@ -164,7 +164,7 @@ class Trainer:
         # training thread to let go of it.
         sys.setswitchinterval(0.001)
         log.info("trainer %s: model %s on %s, %d shards, delivery %s", self.trainer_id,
-                 config.model.factory, self.device, parts.slot_map.shards, config.train.delivery)
+                 config.model.factory, self.device, parts.sharded.slot_map.shards, config.train.delivery)
         return parts
 
     def _loop(self, stop: threading.Event, max_tasks: int | None) -> None:
@@ -188,6 +188,8 @@ class Trainer:
     def _train_fed(self, feed: TaskFeed, first: Chunk, stop: threading.Event) -> None:
         """Train one task from the feed and hand its end to the committer; a task lost, failed
         or given back ends here."""
+        if self.slots_seen > self.parts.sharded.revision:
+            self._reshard()
         parts = self.parts
         run = TaskRun.of(first, self.trainer_id, parts.config.model.batch_size)
         try:
@@ -208,12 +210,22 @@ class Trainer:
             ending = end.ending
         parts.delivery.discard()
         parts.committer.drop(run.task.task_id)
-        parts.own.forget(run.task.task_id)
+        parts.sharded.own.forget(run.task.task_id)
         feed.abandon(run.fed)
         if ending == "released":
             self._quietly(lambda t=run.task: parts.tasks.release(t))
         self.stats.ended(ending)
         self.obs.task_ended(ending)
+
+    def _reshard(self) -> None:
+        """The job was resized (streamtrain/resizing.py): push by the new slot map from the
+        next task on. Its tasks claimed since were claimed after the pause the resize's
+        rollback made, so no push under the old map is in flight."""
+        self.parts = resharded(self.parts, self.trainer_id, self.broker, self.device, self.obs)
+        sharded = self.parts.sharded
+        self.step = max(self.step, sharded.first_step)
+        log.info("trainer %s: the job now has %d shards (slot map of revision %d)", self.trainer_id,
+                 sharded.slot_map.shards, sharded.revision)
 
     def _ended(self, ended: Ended) -> None:
         """A task ended in the background: runs on the committer's thread as soon as it has,
@@ -235,9 +247,15 @@ class Trainer:
         return None if self._paused() else self.parts.tasks.claim()
 
     def _paused(self) -> bool:
-        """`control/pause` set (a rollback): finish the task in hand, claim no other."""
+        """`control/pause` set (a rollback): finish the task in hand, claim no other. Read with
+        the slot map's revision: a resize changes the map while the trainers are paused, and
+        the training thread switches to it before the next task (`_train_fed`)."""
         parts = self.parts
-        return parts.etcd.get(EtcdKeys(parts.config.name).control("pause")) is not None
+        keys = EtcdKeys(parts.config.name)
+        pause, slots = parts.etcd.ranges([keys.control("pause"), keys.slots])
+        if slots:
+            self.slots_seen = max(self.slots_seen, slots[0].mod_revision)
+        return bool(pause)
 
     @staticmethod
     def _quietly(call) -> None:
@@ -258,7 +276,7 @@ class Trainer:
         if heartbeat_due(time.monotonic() - run.heartbeat_at, parts.config.tasks.timeout_s):
             self._heartbeat(run)  # it waited in the feed: still ours?
         parts.model.zero_grad(set_to_none=True)
-        parts.buffer.clear()
+        parts.sharded.buffer.clear()
         group: list[Batch] = []
         for batch in self._mini_batches(run, feed, stop):
             group.append(batch)
@@ -311,7 +329,7 @@ class Trainer:
     def _train_group(self, run: TaskRun, batches: list[Batch]) -> None:
         """Train one push group (trainer/groups.py), then push it."""
         parts = self.parts
-        parts.groups.train(batches, run.metrics)
+        parts.sharded.groups.train(batches, run.metrics)
         examples = sum(batch.size for batch in batches)
         self.stats.examples += examples
         self._push(parts, run, examples)
@@ -321,18 +339,19 @@ class Trainer:
         task_id = run.task.task_id
         committer = parts.committer
         committer.raise_failed(task_id)
-        for delta in parts.buffer.deltas(task_id, run.seq, self.trainer_id, self.step, examples):
+        sharded = parts.sharded
+        for delta in sharded.buffer.deltas(task_id, run.seq, self.trainer_id, self.step, examples):
             parts.delivery.send(parts.topics.grad(delta.shard), delta.to_bytes(), task_id.encode())
-        parts.own.pushed(self.step, task_id)
+        sharded.own.pushed(self.step, task_id)
         run.seq += 1
         pushed, self.step = self.step, self.step + 1
         # The committer waits for the push's acknowledgement; the training thread never does.
         # The task's side outputs wait for its end.
         committer.hand(task_id)
-        if parts.gate.active:
-            self.step = parts.gate.after_push(pushed, lambda: committer.raise_failed(task_id))
-        elif parts.in_flight is not None:
-            parts.in_flight.wait(parts.own, pushed, lambda: committer.raise_failed(task_id))
+        if sharded.gate.active:
+            self.step = sharded.gate.after_push(pushed, lambda: committer.raise_failed(task_id))
+        elif sharded.in_flight is not None:
+            sharded.in_flight.wait(sharded.own, pushed, lambda: committer.raise_failed(task_id))
         if heartbeat_due(time.monotonic() - run.heartbeat_at, parts.config.tasks.timeout_s):
             self._heartbeat(run)
         elapsed = time.perf_counter() - started

@@ -15,7 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # (file, class) -> the attributes its methods other than __init__ assign: each declared there.
 CHANGING = {
-    ("trainer/worker.py", "Trainer"): {"parts", "lease", "step"},
+    # parts: made once the config is known, their sharded half again at a resize; slots_seen:
+    # the slot map's newest revision, which the feed reads as it claims.
+    ("trainer/worker.py", "Trainer"): {"parts", "lease", "step", "slots_seen"},
     ("pserver/shard.py", "PserverShard"): {"index", "lease", "parts", "state", "barrier", "schedule", "serving",
                                            "_fold", "fold_checks"},
 }

@@ -43,7 +43,7 @@ def test_etcd_keys_follow_the_design_layout():
 def test_every_task_state_has_its_own_prefix():
     keys = EtcdKeys("ctr")
     prefixes = [keys.tasks(state) for state in TASK_STATES]
-    assert TASK_STATES == ("todo", "pending", "done", "failed") and CONTROLS == ("pause", "checkpoint", "rollback")
+    assert TASK_STATES == ("todo", "pending", "done", "failed") and CONTROLS == ("pause", "checkpoint", "rollback", "resize")
     assert all(not a.startswith(b) for a in prefixes for b in prefixes if a != b)
 
 

@@ -1,0 +1,94 @@
+"""Resizing a running job's parameter servers (streamtrain/resizing.py): 2 -> 3 -> 2 shards
+mid-pass, every example applied exactly once per shard by the shards' ledgers."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from conftest import wait_for
+from streamtrain.jobstate.etcd import Etcd
+from streamtrain.pserver.shard import PserverShard, ShardOptions
+from streamtrain.pserver.storage import ShardStorage
+from streamtrain.resizing import Resized, resize
+from streamtrain.schemas import EtcdKeys, RedisKeys
+from test_trainer import (MODEL, Background, applied_exactly, job_and_one_process_auc, make_job, run_job,
+                          write_examples)
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+
+def resized_meanwhile(services, etcd: Etcd, job: str, shards: int, background: Background,
+                      join: list[int]) -> Resized:
+    """`resize` in a thread; the shards in `join` started once `ps_desired` lets them register."""
+    done: list[Resized] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            done.append(resize(etcd, ShardStorage(services), job, shards, wait_s=120))
+        except BaseException as exc:  # noqa: BLE001  reported by the test
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    if join:
+        keys = EtcdKeys(job)
+        wait_for(lambda: (e := etcd.get(keys.ps_desired)) is not None and keys.ps_desired_of(e.value) == shards,
+                 120, "the resize's new shard count", interval=0.1)
+        for index in join:
+            background.start(lambda stop, i=index: PserverShard(services, ShardOptions(job, i, lease_ttl_s=2)).run(stop))
+    thread.join(180)
+    assert not errors, errors
+    return done[0]
+
+
+def applied_by(redis_conn, job: str, shards: int, topic: str, written: dict[int, int]) -> bool:
+    """Each of `shards` shards counts every example written once, by its ledger."""
+    want = {f"{topic}:{p}": n for p, n in written.items()}
+    stats = [redis_conn.get(RedisKeys(job).stats(s)) for s in range(shards)]
+    return all(raw is not None and json.loads(raw).get("examples_by_partition") == want for raw in stats)
+
+
+@pytest.mark.parametrize("factory", ["streamtrain.trainer.models:LogisticRegression", "streamtrain.trainer.models:WideDeep"])
+def test_a_job_resized_from_two_to_three_shards_and_back_applies_every_example_once(
+        services, etcd, redis_conn, topic_factory, unique, tmp_path, factory) -> None:
+    """A live job (its topic read as it grows) resized between batches of records: the shard
+    that joins takes its slots' rows at the cut and trains them from there, its ledger counting
+    every example as the others' do, and when it leaves its slots' rows go back to the others."""
+    train = MODEL.examples(30_000)
+    topic = topic_factory("resize", partitions=2)
+    config = make_job(unique("resize"), topic, tmp_path, passes=0, max_records=500, factory=factory)
+    coord, background = Etcd.connect(services), Background()
+    written = dict.fromkeys(range(2), 0)
+
+    def write(part: list) -> None:
+        for p, n in write_examples(services, topic, [e.to_json() for e in part], 2).items():
+            written[p] += n
+
+    try:
+        run_job(services, coord, config, background, trainers=2)
+        write(train[:10_000])
+        wait_for(lambda: applied_by(redis_conn, config.name, 2, topic, written), 120, "the first third", interval=0.2)
+        grown = resized_meanwhile(services, coord, config.name, 3, background, join=[2])
+        print(f"2 -> 3: {grown}")
+        assert grown.shards == 3 and grown.moved_slots == 85  # 256 slots: 86, 85 and 85
+        write(train[10_000:20_000])
+        wait_for(lambda: applied_by(redis_conn, config.name, 3, topic, written), 120, "the second third", interval=0.2)
+        # The joined shard trains: the trainers push its slots' rows to it, and its ledger,
+        # taken over at the cut, counts every example since as the others' do.
+        third = json.loads(redis_conn.get(RedisKeys(config.name).stats(2)))
+        assert third["deltas"] > 0 and third["table_rows"], third
+        shrunk = resized_meanwhile(services, coord, config.name, 2, background, join=[])
+        print(f"3 -> 2: {shrunk}")
+        assert shrunk.shards == 2 and shrunk.moved_slots == 85
+        write(train[20_000:])
+        wait_for(lambda: applied_exactly(redis_conn, config.name, written, topic), 120, "every example once")
+        distributed, single = job_and_one_process_auc(services, redis_conn, config, train)
+        print(f"holdout AUC, {factory}: resized 2 -> 3 -> 2 {distributed:.4f}, single process {single:.4f}")
+        assert abs(distributed - single) < 0.01
+    finally:
+        background.close()
+        coord.close()
