@@ -105,6 +105,15 @@ def test_a_checkpoint_of_other_slots_than_the_shard_owns_now_is_refused(tmp_path
         s.load_latest(Adam(lr=0.01), (1, 3, 5))
 
 
+def test_at_start_a_newer_checkpoint_of_the_old_slots_is_passed_over_for_one_of_the_shards_own(tmp_path) -> None:
+    """A resize writes the shard's checkpoint of its new slots; a checkpoint the shard took
+    under the old map before the resize's rollback reached it is newer, and not its own."""
+    s = store(tmp_path)
+    resized = s.save(trained(1), {"g": 1}, {}, (0, 3)).checkpoint_id
+    s.save(trained(2), {"g": 2}, {}, (0, 2))  # the old map's, taken meanwhile
+    assert s.load_latest(Adam(lr=0.01), (0, 3)).manifest.checkpoint_id == resized
+
+
 def test_unsupported_uri_is_a_clear_error() -> None:
     with pytest.raises(CheckpointError, match="checkpoint_uri"):
         CheckpointStore("nosuchscheme://x", "job", 0)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from streamtrain.schemas import (CheckpointRequest, LatestCheckpoint, PauseRequest, RollbackAck, RollbackRequest,
-                                 SchemaError, ShardCheckpoint)
+from streamtrain.schemas import (CheckpointRequest, LatestCheckpoint, PauseRequest, ResizeRecord, RollbackAck,
+                                 RollbackRequest, SchemaError, ShardCheckpoint)
 
 DOCUMENTS = [
     PauseRequest("rollback", 1.5),
@@ -19,6 +19,7 @@ DOCUMENTS = [
     LatestCheckpoint("00000000000000000042", 2, 4.0, ask="n1"),
     RollbackRequest("00000000000000000042", "master", 5.0),
     RollbackAck(0, 77, 6.0),
+    ResizeRecord(3, "00000000000000000043", 7.0),
 ]
 
 
@@ -46,6 +47,8 @@ def test_a_rollback_goes_from_the_masters_phase_to_the_shards() -> None:
     (ShardCheckpoint, {"v": 1, "shard": 0, "uri": "u", "grad_offset": 0, "created_at": 1.0, "optimizer": "adam",
                        "rows": []}, "rows"),
     (PauseRequest, {"v": 1, "by": "x", "at": float("nan")}, "at"),
+    (ResizeRecord, {"v": 1, "shards": 0, "checkpoint": "c-1", "at": 1.0}, "shards"),
+    (ResizeRecord, {"v": 1, "shards": 3, "at": 1.0}, "checkpoint"),
 ])
 def test_a_malformed_document_names_its_format_and_field(cls, doc, field) -> None:
     with pytest.raises(SchemaError) as caught:
