@@ -58,7 +58,7 @@ def test_a_job_resized_from_two_to_three_shards_and_back_applies_every_example_o
     """A live job (its topic read as it grows) resized between batches of records: the shard
     that joins takes its slots' rows at the cut and trains them from there, its ledger counting
     every example as the others' do, and when it leaves its slots' rows go back to the others."""
-    train = MODEL.examples(30_000)
+    train = MODEL.examples(40_000)
     topic = topic_factory("resize", partitions=2)
     config = make_job(unique("resize"), topic, tmp_path, passes=0, max_records=500, factory=factory)
     coord, background = Etcd.connect(services), Background()
@@ -70,25 +70,89 @@ def test_a_job_resized_from_two_to_three_shards_and_back_applies_every_example_o
 
     try:
         run_job(services, coord, config, background, trainers=2)
-        write(train[:10_000])
-        wait_for(lambda: applied_by(redis_conn, config.name, 2, topic, written), 120, "the first third", interval=0.2)
+
+        def under_way(shards: int, at_least: int) -> None:
+            """Resized while trainers train: the checkpoint cuts tasks in hand, the tasks
+            trained after it are trained again under the new map."""
+            wait_for(lambda: min(json.loads(redis_conn.get(RedisKeys(config.name).stats(s)) or b"{}").get("examples", 0)
+                                 for s in range(shards)) >= at_least, 120, "training under way", interval=0.05)
+
+        write(train[:16_000])
+        under_way(2, 1)
         grown = resized_meanwhile(services, coord, config.name, 3, background, join=[2])
         print(f"2 -> 3: {grown}")
         assert grown.shards == 3 and grown.moved_slots == 85  # 256 slots: 86, 85 and 85
-        write(train[10_000:20_000])
-        wait_for(lambda: applied_by(redis_conn, config.name, 3, topic, written), 120, "the second third", interval=0.2)
+        write(train[16_000:24_000])
+        wait_for(lambda: applied_by(redis_conn, config.name, 3, topic, written), 120, "the first 24,000", interval=0.2)
         # The joined shard trains: the trainers push its slots' rows to it, and its ledger,
         # taken over at the cut, counts every example since as the others' do.
         third = json.loads(redis_conn.get(RedisKeys(config.name).stats(2)))
         assert third["deltas"] > 0 and third["table_rows"], third
+        write(train[24_000:])
+        under_way(3, 24_001)
         shrunk = resized_meanwhile(services, coord, config.name, 2, background, join=[])
         print(f"3 -> 2: {shrunk}")
         assert shrunk.shards == 2 and shrunk.moved_slots == 85
-        write(train[20_000:])
         wait_for(lambda: applied_exactly(redis_conn, config.name, written, topic), 120, "every example once")
+        dropped = [json.loads(redis_conn.get(RedisKeys(config.name).stats(s)))["dropped"] for s in range(2)]
+        print(f"groups redone after a resize and dropped by the shards' ledgers: {dropped}")
         distributed, single = job_and_one_process_auc(services, redis_conn, config, train)
         print(f"holdout AUC, {factory}: resized 2 -> 3 -> 2 {distributed:.4f}, single process {single:.4f}")
         assert abs(distributed - single) < 0.01
     finally:
         background.close()
+        coord.close()
+
+
+def test_a_shard_killed_while_the_job_is_resized_comes_back_on_the_new_map(services, redis_conn, topic_factory,
+                                                                          unique, tmp_path) -> None:
+    """The whole job as processes under `job run`'s supervisor; shard 0 is SIGKILLed once the
+    new slot map is written and before the job has rolled back to the resharded checkpoint.
+    Restarted, it loads its part of that checkpoint and the resize completes: every shard
+    counts every example once and the model is as good."""
+    import os
+    import signal
+
+    from streamtrain.local import LocalJob
+    from streamtrain.schemas.config import JobConfig
+
+    train = MODEL.examples(30_000)
+    topic = topic_factory("resizekill", partitions=2)
+    config = JobConfig.from_json(make_job(unique("resizekill"), topic, tmp_path, passes=0, max_records=500).to_json())
+    keys = EtcdKeys(config.name)
+    written = dict.fromkeys(range(2), 0)
+
+    def write(part: list) -> None:
+        for p, n in write_examples(services, topic, [e.to_json() for e in part], 2).items():
+            written[p] += n
+
+    coord = Etcd.connect(services)
+    try:
+        with LocalJob(config, trainers=2, endpoints=services, log_dir=tmp_path / "logs") as job:
+            write(train[:15_000])
+            wait_for(lambda: applied_by(redis_conn, config.name, 2, topic, written), 180, "the first half", interval=0.5)
+            done: list[Resized] = []
+            errors: list[BaseException] = []
+
+            def run() -> None:
+                try:
+                    done.append(resize(coord, ShardStorage(services), config.name, 3, wait_s=180))
+                except BaseException as exc:  # noqa: BLE001  reported by the test
+                    errors.append(exc)
+
+            thread = threading.Thread(target=run, daemon=True)
+            thread.start()
+            wait_for(lambda: coord.get(keys.control("resize")) is not None, 120, "the new slot map", interval=0.05)
+            os.kill(job.supervisor.children["pserver-0"].proc.pid, signal.SIGKILL)
+            job.add("pserver-2", ["pserver", "--job", config.name, "--index", "2"])
+            thread.join(240)
+            assert not errors and done and done[0].shards == 3, (errors, done)
+            write(train[15_000:])
+            wait_for(lambda: applied_by(redis_conn, config.name, 3, topic, written), 240, "every example, 3 shards",
+                     interval=0.5)
+            assert job.supervisor.children["pserver-0"].restarts >= 1
+        distributed, single = job_and_one_process_auc(services, redis_conn, config, train)
+        print(f"holdout AUC: resized 2 -> 3 with a shard killed {distributed:.4f}, single process {single:.4f}")
+        assert abs(distributed - single) < 0.01
+    finally:
         coord.close()
