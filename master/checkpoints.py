@@ -33,7 +33,7 @@ def next_move(now: float, *, every_s: float, last_began: float, outstanding_sinc
     """What the master does about checkpoints at `now`.
 
     `outstanding_since`: when the checkpoint in progress was requested (None: none is);
-    `asked`: `streamtrain checkpoint` asks for one; `busy`: a rollback or a pause is under way:
+    `asked`: `streamtrain checkpoint` asks for one; `busy`: a rollback is under way (its pause or its request):
     none begins meanwhile, and the one in progress, or asked for, is withdrawn (its record is of
     the timeline a rollback abandons; a shard that took it after rolling back would pair that
     record with the rolled-back parameters)."""
@@ -62,7 +62,7 @@ class PeriodicCheckpoints:
 
     def step(self, *, request: bytes | None, busy: bool, shards: int | None = None) -> bool:
         """One turn. `request`: the value of `control/checkpoint` now (None: unset); `busy`:
-        a rollback or a pause is under way; `shards`: the job's shard count now, if known.
+        a rollback is under way (its pause or its request); `shards`: the job's shard count now, if known.
         Returns whether a checkpoint is outstanding: the master slices nothing then."""
         now = self.clock()
         if shards is not None:
@@ -97,7 +97,7 @@ class PeriodicCheckpoints:
             missing = cut.missing_shards(self.etcd, self.job, mine.checkpoint_id, self.shards) \
                 if mine.checkpoint_id else "all"
             log.warning("checkpoint request %r withdrawn after %.1f s (%s); shard(s) %s had not taken it",
-                        mine.request, now - mine.since, "a rollback or pause" if busy else "too long", missing)
+                        mine.request, now - mine.since, "a rollback" if busy else "too long", missing)
             cut.withdraw(self.etcd, self.job, mine.request)
             self._outstanding = None
         return self._outstanding is not None and self._outstanding.checkpoint_id is not None

@@ -33,7 +33,8 @@ from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.master import plan
 from streamtrain.master.checkpoints import PeriodicCheckpoints
 from streamtrain.master.leader import LeaderLock
-from streamtrain.schemas import EtcdKeys, JobState, PartitionCursor, RollbackRequest, SchemaError, TaskRecord
+from streamtrain.schemas import (ROLLBACK_PAUSE, EtcdKeys, JobState, PartitionCursor, PauseRequest, RollbackRequest,
+                                 SchemaError, TaskRecord)
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,17 @@ class _Observed:
     deadline: float
 
 
+
+def _rollback_pause(pause: list[Entry]) -> bool:
+    """Whether `control/pause` is a rollback's: a checkpoint then would be of the timeline it
+    abandons. A resize pauses to take one (streamtrain/resizing.py), and a pause left after a
+    rollback (`--stay-paused`) is of the timeline kept."""
+    if not pause:
+        return False
+    try:
+        return PauseRequest.from_json(pause[0].value).by == ROLLBACK_PAUSE
+    except SchemaError:
+        return True
 
 def refuse_changed_layout(etcd: Etcd, config: JobConfig) -> None:
     """Raises LayoutChangedError if the job's slot map in etcd is not `config`'s shards over
@@ -153,7 +165,7 @@ class Master:
             return
         # The shard count is the job file's until a resize changes it (streamtrain/resizing.py).
         checkpointing = self.checkpoints.step(request=checkpoint[0].value if checkpoint else None,
-                                              busy=bool(rollback or pause),
+                                              busy=bool(rollback) or _rollback_pause(pause),
                                               shards=self.keys.ps_desired_of(desired[0].value) if desired else None)
         todo = self.etcd.range(self.keys.tasks("todo"), keys_only=True)
         self.metrics.queues(todo=len(todo), pending=len(pending), done=len(done), failed=len(failed))

@@ -14,7 +14,7 @@ Byte-by-byte layouts: docs/schemas.md.
 
 from .checkpoint import CheckpointManifest, FileEntry
 from .clicklog import ClickRecord, ImpressionRecord, JoinWaiting
-from .control import (CheckpointRequest, LatestCheckpoint, PauseRequest, ResizeRecord, RollbackAck, RollbackRequest,
+from .control import (ROLLBACK_PAUSE, CheckpointRequest, LatestCheckpoint, PauseRequest, ResizeRecord, RollbackAck, RollbackRequest,
                       ShardCheckpoint)
 from .cursor import PartitionCursor
 from .deadletter import DeadLetter
@@ -62,6 +62,7 @@ __all__ = [
     "PublishedRound",
     "RedisKeys",
     "RollbackAck",
+    "ROLLBACK_PAUSE",
     "ResizeRecord",
     "RollbackRequest",
     "RoundRows",

@@ -32,6 +32,9 @@ def _encode(doc: object) -> bytes:
     return _json.dumps({"v": VERSION, **{k: v for k, v in asdict(doc).items() if v is not None}})
 
 
+ROLLBACK_PAUSE = "rollback"  # `PauseRequest.by` of a rollback's pause: the master takes no checkpoint then
+
+
 @dataclass(frozen=True)
 class PauseRequest:
     """Trainers finish the task in hand and claim no other while it exists."""

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from streamtrain.jobstate import checkpoints as cut
 from streamtrain.jobstate.etcd import Etcd
-from streamtrain.schemas import (CheckpointRequest, EtcdKeys, LatestCheckpoint, PauseRequest, RollbackRequest,
-                                StreamtrainError)
+from streamtrain.schemas import (ROLLBACK_PAUSE, CheckpointRequest, EtcdKeys, LatestCheckpoint, PauseRequest,
+                                 RollbackRequest, StreamtrainError)
 
 
 class CheckpointError(StreamtrainError, RuntimeError):
@@ -99,7 +99,7 @@ def request_checkpoint(etcd: Etcd, job: str, wait_s: float = 60.0, poll_s: float
 
     Raises:
         CheckpointError: the job has no shards, or the master withdrew the request (a rollback
-            or pause began, or a shard did not take it in time).
+            began, or a shard did not take it in time).
         CheckpointTimeout: not done within `wait_s` (no master, or shards missing).
     """
     from streamtrain.jobstate.membership import members
@@ -125,7 +125,7 @@ def request_checkpoint(etcd: Etcd, job: str, wait_s: float = 60.0, poll_s: float
             request = CheckpointRequest.from_json(current) if current is not None else None
             if request is None or request.ask != nonce:
                 raise CheckpointError(f"job {job!r}: the master withdrew the checkpoint request (a "
-                                      "rollback or pause began, or a shard did not take it in time; "
+                                      "rollback began, or a shard did not take it in time; "
                                       "see the master's log)")
             checkpoint_id = request.id
             if time.monotonic() >= deadline:
@@ -157,7 +157,7 @@ def rollback(etcd: Etcd, job: str, checkpoint_id: str, wait_s: float = 120.0, re
     missing = [i for i in range(n) if etcd.get(keys.checkpoint_shard(checkpoint_id, i)) is None]
     if missing:
         raise RollbackError(f"job {job!r}: shard(s) {missing} no longer keep checkpoint {checkpoint_id}")
-    with Paused(etcd, job, wait_s, "rollback") as paused:
+    with Paused(etcd, job, wait_s, ROLLBACK_PAUSE) as paused:
         paused.resume = resume
         control = keys.control("rollback")
         # A checkpoint requested before the pause is of the timeline being abandoned: a shard

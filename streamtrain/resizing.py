@@ -2,22 +2,23 @@
 
 A resize is a rollback to a resharded copy of a fresh checkpoint:
 
-1. A job-wide checkpoint X is taken while the trainers train (`request_checkpoint`).
-2. X is regrouped under the map over N shards that moves the fewest slots (`SlotMap.resized`,
+1. The trainers are paused: each finishes its task in hand and claims no other.
+2. A job-wide checkpoint X is taken (`request_checkpoint`): with no task in hand, every shard
+   has applied the same push groups at its log end, which `regroup` needs (a checkpoint taken
+   while trainers train is not such a cut: each shard takes it at its own log end).
+3. X is regrouped under the map over N shards that moves the fewest slots (`SlotMap.resized`,
    pserver/resharding.py) and written as checkpoint X' of every shard of the new map, each in
    its own checkpoint store, with X's record of the job's cursors and queues.
-3. The trainers are paused (each finishes its task in hand and claims no other), then the slot
-   map, `ps_desired`, the config's `pservers.count` and a `ResizeRecord` at `control/resize`
-   change in one etcd transaction, taken only if the map is still the one X was cut under.
-   Should the command stop after it, running it again finishes the resize from the record.
-4. The job rolls back to X' (streamtrain/checkpoints.py `rollback`): the master puts X's
-   cursors and queues back, and every shard of the new map loads its part of
-   X' (a shard that joins must be running to do so; one that leaves stops). Resumed, the
-   trainers switch to the new map before their next task; the tasks trained since X are
-   trained again under it, and every new owner's ledger, X's, drops the groups X' holds.
+4. The slot map, `ps_desired`, the config's `pservers.count` and a `ResizeRecord` at
+   `control/resize` change in one etcd transaction, taken only if the map is still the one X
+   was cut under. Should the command stop after it, running it again finishes the resize from
+   the record.
+5. The job rolls back to X' (streamtrain/checkpoints.py `rollback`): the master puts X's
+   cursors and queues back (as they are), and every shard of the new map loads its part of X'
+   (a shard that joins must be running to do so; one that leaves stops). Resumed, the trainers
+   switch to the new map before their next task.
 
-So a resize pauses the trainers for a rollback's time, and trains again what was trained
-between X and the pause.
+So a resize pauses the trainers for the tasks in hand to finish, a checkpoint and a rollback.
 """
 
 from __future__ import annotations
@@ -74,14 +75,15 @@ def resize(etcd: Etcd, storage: ShardStorage, job: str, shards: int, wait_s: flo
         raise ResizeError(f"job {job!r}: {shards} shards cannot share its {old_map.slots} slots")
     config = JobConfig.from_json(config_entry.value)
     new_map = old_map.resized(shards)
-    taken = request_checkpoint(etcd, job, wait_s).id
-    resharded = reshard(config, old_map, new_map, taken, etcd, storage)
     document = json.loads(config.to_json())
     document["pservers"]["count"] = shards
-    record = ResizeRecord(shards, resharded, time.time())
-    # Paused before the map changes: no trainer pushes by either map until the rollback is
-    # done, and still paused if it fails (`_finish` lifts the pause).
+    # Paused first: the checkpoint is then of every shard having applied the same push groups
+    # (`regroup` refuses anything else), and nobody pushes by either map until the rollback is
+    # done. Still paused if that fails (`_finish` lifts the pause).
     with Paused(etcd, job, wait_s, "resize") as paused:
+        taken = request_checkpoint(etcd, job, wait_s).id
+        resharded = reshard(config, old_map, new_map, taken, etcd, storage)
+        record = ResizeRecord(shards, resharded, time.time())
         paused.resume = False
         changed, _ = etcd.txn([mod_revision_is(keys.slots, slots_entry.mod_revision)], [
             put_op(keys.slots, new_map.to_json()),
