@@ -9,7 +9,7 @@ from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.membership import Members, members
 from streamtrain.jobstate.offsets import InputOffsets, InputUnavailableError
 from streamtrain.jobstate.sharding import SlotMap
-from streamtrain.schemas import EtcdKeys, Holder, JobState, PartitionCursor, SchemaError, TaskRecord
+from streamtrain.schemas import EtcdKeys, Holder, JobState, PartitionCursor, ResizeRecord, SchemaError, TaskRecord
 
 STATES = ("todo", "pending", "done", "failed")
 
@@ -38,6 +38,7 @@ class JobStatus:
     members: Members
     failed: list[TaskRecord]
     slots: dict[int, int]  # shard -> slots it owns, by the job's slot map (empty: no map yet)
+    resizing: ResizeRecord | None  # a resize under way: its new shard count and checkpoint
 
     def as_dict(self) -> dict:
         doc = asdict(self)
@@ -67,7 +68,7 @@ def job_status(etcd: Etcd, offsets: InputOffsets | None, job: str) -> JobStatus:
             continue
     leader = etcd.get(keys.master_lock)
     state = etcd.get(keys.state)
-    mapped = etcd.get(keys.slots)
+    mapped, resize = etcd.get(keys.slots), etcd.get(keys.control("resize"))
     slot_map = SlotMap.from_json(mapped.value) if mapped else None
     return JobStatus(
         job=job,
@@ -79,4 +80,5 @@ def job_status(etcd: Etcd, offsets: InputOffsets | None, job: str) -> JobStatus:
         members=members(etcd, job),
         failed=failed,
         slots={} if slot_map is None else {s: len(slot_map.slots_of(s)) for s in range(slot_map.shards)},
+        resizing=ResizeRecord.from_json(resize.value) if resize else None,
     )

@@ -343,6 +343,9 @@ def job_status_cmd(
     if status.slots:
         console.print(f"slots    {sum(status.slots.values())} over {len(status.slots)} shards: "
                       + "  ".join(f"{shard}:{n}" for shard, n in status.slots.items()))
+    if status.resizing:
+        console.print(f"[yellow]resizing[/yellow] to {status.resizing.shards} shards: rolling back to "
+                      f"{status.resizing.checkpoint} (`streamtrain resize` again finishes it)")
     for task in status.failed:
         console.print(f"[red]failed[/red] {task.task_id} [{task.start}, {task.end}): {task.reason}")
 
