@@ -2,9 +2,8 @@
 
 A sparse row `(table, id)` or a dense block `(param, block)` hashes to one of S slots (S fixed
 per job, 128…1024, `pservers.slots`); the slot map assigns slots to shards. Changing the
-number of shards means moving slots (`SlotMap.resized`), never rehashing parameters (the
-protocol that would move them while a job trains is not built: the slot map is written once
-per job). The hash is splitmix64 over
+number of shards means moving slots (`SlotMap.resized`, applied by `streamtrain resize`), never
+rehashing parameters; every resize starts a new epoch of the map. The hash is splitmix64 over
 the id salted with a digest of the table name: stable across processes, Python versions and
 machines (Python's own `hash` is salted per process), and vectorised over id arrays.
 """
@@ -50,17 +49,24 @@ def row_hash(table: str, ids: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class SlotMap:
-    """slot → shard, stored as JSON at the job's `slots` key (written by the master)."""
+    """slot → shard, stored as JSON at the job's `slots` key (written by the master, then by
+    each resize). `epoch` counts the resizes; `first_shards` is the shard count of epoch 0."""
 
     owners: tuple[int, ...]
+    epoch: int = 0
+    first_shards: int | None = None  # None: this map's own shard count (epoch 0)
 
     def __post_init__(self) -> None:
         if not 1 <= len(self.owners) <= 1 << 16:
             raise ValueError(f"slot map: {len(self.owners)} slots, expected 1..65536")
         if min(self.owners) < 0:
             raise ValueError("slot map: negative shard index")
+        if self.epoch < 0:
+            raise ValueError(f"slot map: epoch {self.epoch} is negative")
         object.__setattr__(self, "_owners", np.asarray(self.owners, dtype=np.int32))
         object.__setattr__(self, "_shards", max(self.owners) + 1)
+        if self.first_shards is None:
+            object.__setattr__(self, "first_shards", self._shards)
 
     @classmethod
     def uniform(cls, slots: int, shards: int) -> SlotMap:
@@ -74,7 +80,8 @@ class SlotMap:
         slots // shards, one more for the slots % shards shards that own the most now (so
         they give up fewest); a shard keeps its lowest slots up to its share, and gives up
         the rest, or all of them if its index is `shards` or above (it leaves); the slots
-        given up go, lowest first, to the shards below their share, lowest index first."""
+        given up go, lowest first, to the shards below their share, lowest index first. The
+        result is the next epoch, unless no slot moves (then it is this map)."""
         if shards < 1 or self.slots < shards:
             raise ValueError(f"slot map: {self.slots} slots cannot be spread over {shards} shards")
         have = [self.slots_of(s) for s in range(shards)]
@@ -86,7 +93,9 @@ class SlotMap:
         for s in range(shards):
             for _ in range(share[s] - len(have[s])):
                 owners[freed.pop(0)] = s
-        return SlotMap(tuple(owners))
+        if tuple(owners) == self.owners:
+            return self
+        return SlotMap(tuple(owners), self.epoch + 1, self.first_shards)
 
     @property
     def slots(self) -> int:
@@ -121,9 +130,10 @@ class SlotMap:
                 for s, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])) if b > a}
 
     def to_json(self) -> bytes:
-        return SlotOwners(tuple(self.owners)).to_json()
+        return SlotOwners(tuple(self.owners), self.epoch, self.first_shards).to_json()
 
     @classmethod
     def from_json(cls, data: bytes | str) -> SlotMap:
         """Raises: SchemaError (a ValueError) naming the slot map's field."""
-        return cls(SlotOwners.from_json(data).owners)
+        doc = SlotOwners.from_json(data)
+        return cls(doc.owners, doc.epoch, doc.first_shards)

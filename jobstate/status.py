@@ -38,6 +38,7 @@ class JobStatus:
     members: Members
     failed: list[TaskRecord]
     slots: dict[int, int]  # shard -> slots it owns, by the job's slot map (empty: no map yet)
+    epoch: int | None  # the slot map's: how many times the job was resized (None: no map yet)
     resizing: ResizeRecord | None  # a resize under way: its new shard count and checkpoint
 
     def as_dict(self) -> dict:
@@ -80,5 +81,6 @@ def job_status(etcd: Etcd, offsets: InputOffsets | None, job: str) -> JobStatus:
         members=members(etcd, job),
         failed=failed,
         slots={} if slot_map is None else {s: len(slot_map.slots_of(s)) for s in range(slot_map.shards)},
+        epoch=None if slot_map is None else slot_map.epoch,
         resizing=ResizeRecord.from_json(resize.value) if resize else None,
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.schemas import PartitionCursor, TaskRecord
 
 
@@ -166,17 +167,19 @@ def next_pass(cursors: Iterable[PartitionCursor], passes: int,
     return "advance", [replace(c, next=c.origin, trained=c.origin, pass_no=low + 1) for c in lowest]
 
 
-def layout_refused(job: str, slots: int, shards: int, mapped: tuple[int, int] | None) -> str | None:
-    """Why a master must not lead `job` with `shards` pserver shards over `slots` slots (the job
-    file's), given the job's slot map in etcd as (slots, shards), or None if it may: a job
-    without a map yet gets the file's. A changed count would leave the map owning slots to
-    shards that never register (pulls stall) or shards that own nothing; a changed slot count
-    would rehash every parameter."""
-    if mapped is None or mapped == (slots, shards):
+def layout_refused(job: str, slots: int, shards: int, mapped: SlotMap | None) -> str | None:
+    """Why a master must not lead `job` with the job file's `shards` pserver shards over
+    `slots` slots, given the job's slot map in etcd, or None if it may (it then leads with the
+    map's shard count): a job without a map yet gets the file's. A changed count would leave
+    the map owning slots to shards that never register (pulls stall) or shards that own
+    nothing; a changed slot count would rehash every parameter. After `streamtrain resize`
+    the map's count is the job's, and a file still giving the count the job began with is out
+    of date rather than changed (a restarted master would otherwise never lead again)."""
+    if mapped is None or mapped.slots == slots and (
+            shards == mapped.shards or mapped.epoch > 0 and shards == mapped.first_shards):
         return None
-    have_slots, have_shards = mapped
     return (f"job {job!r}: the job file asks for pservers.count = {shards} over pservers.slots = {slots}, "
-            f"but the job's slot map in etcd spreads {have_slots} slots over {have_shards} shard(s), and its "
-            f"parameters live where that map says. Set pservers.count = {have_shards} and pservers.slots = "
-            f"{have_slots} (a job resized with `streamtrain resize` has its new count there), or resize the "
-            f"job with `streamtrain resize`, or start afresh under another job name")
+            f"but the job's slot map in etcd spreads {mapped.slots} slots over {mapped.shards} shard(s), and its "
+            f"parameters live where that map says. Set pservers.count = {mapped.shards} and pservers.slots = "
+            f"{mapped.slots}, or resize the job with `streamtrain resize --pservers {shards}`, or start afresh "
+            f"under another job name")

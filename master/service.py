@@ -63,17 +63,22 @@ def _rollback_pause(pause: list[Entry]) -> bool:
     except SchemaError:
         return True
 
-def refuse_changed_layout(etcd: Etcd, config: JobConfig) -> None:
-    """Raises LayoutChangedError if the job's slot map in etcd is not `config`'s shards over
-    its slots (`plan.layout_refused`); a job without a map yet passes."""
-    entry = etcd.get(EtcdKeys(config.name).slots)
-    if entry is None:
-        return
-    slot_map = SlotMap.from_json(entry.value)
-    refused = plan.layout_refused(config.name, config.pservers.slots, config.pservers.count,
-                                  (slot_map.slots, slot_map.shards))
+def settled_config(config: JobConfig, slot_map: SlotMap | None) -> JobConfig:
+    """`config` with the shard count of the job's slot map (a job resized by `streamtrain
+    resize` has its new count there); a job without a map yet keeps the file's. Raises
+    LayoutChangedError if the job file's shards or slots are refused (`plan.layout_refused`)."""
+    if slot_map is None:
+        return config
+    refused = plan.layout_refused(config.name, config.pservers.slots, config.pservers.count, slot_map)
     if refused:
         raise LayoutChangedError(refused)
+    return config.with_shards(slot_map.shards)
+
+
+def read_slot_map(etcd: Etcd, job: str) -> tuple[SlotMap | None, int]:
+    """The job's slot map and its etcd mod revision, or (None, 0) before its master wrote one."""
+    entry = etcd.get(EtcdKeys(job).slots)
+    return (None, 0) if entry is None else (SlotMap.from_json(entry.value), entry.mod_revision)
 
 
 class Master:
@@ -129,16 +134,26 @@ class Master:
 
     def _publish_config(self) -> None:
         """Raises LayoutChangedError: the job file's shards or slots are not the slot map's."""
-        refuse_changed_layout(self.etcd, self.config)
-        blob = self.config.to_json()
-        current = self.etcd.get(self.keys.config)
-        if current is not None and current.value != blob:
-            log.warning("job config in etcd differs from the job file; the job file wins")
-        self.lock.write([put_op(self.keys.config, blob),
-                         put_op(self.keys.ps_desired, self.keys.ps_desired_value(self.config.pservers.count))])
-        # The slot map is written once: parameters already live where it says.
-        slot_map = SlotMap.uniform(self.config.pservers.slots, self.config.pservers.count)
-        self.lock.write_if([absent(self.keys.slots)], [put_op(self.keys.slots, slot_map.to_json())])
+        while True:
+            # One transaction, on the map as read: a resize that lands in between is read again.
+            slot_map, revision = read_slot_map(self.etcd, self.config.name)
+            config = settled_config(self.config, slot_map)
+            if config.pservers.count != self.config.pservers.count:
+                log.warning("job %s was resized to %d shards (slot map epoch %d); the job file's "
+                            "pservers.count = %d is from before", config.name, slot_map.shards,
+                            slot_map.epoch, self.config.pservers.count)
+            current = self.etcd.get(self.keys.config)
+            if current is not None and current.value != config.to_json():
+                log.warning("job config in etcd differs from the job file; the job file wins")
+            ops = [put_op(self.keys.config, config.to_json()),
+                   put_op(self.keys.ps_desired, self.keys.ps_desired_value(config.pservers.count))]
+            if slot_map is None:  # the slot map is written once; parameters then live where it says
+                first = SlotMap.uniform(config.pservers.slots, config.pservers.count)
+                ops.append(put_op(self.keys.slots, first.to_json()))
+            if self.lock.write_if([absent(self.keys.slots) if slot_map is None
+                                   else mod_revision_is(self.keys.slots, revision)], ops):
+                self.config = config
+                return
 
     def _load(self) -> None:
         self.cursors = {}

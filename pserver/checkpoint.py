@@ -68,17 +68,18 @@ class CheckpointStore:
 
     # -- writing -------------------------------------------------------------------------
     def save(self, state: ShardState, grad_offsets: dict[str, int], input_watermarks: dict[str, int],
-             slots: tuple[int, ...], checkpoint_id: str | None = None, keep_also: Collection[str] = ()
-             ) -> CheckpointManifest:
-        """Write a checkpoint; `checkpoint_id` names a job-wide one every shard writes on
-        request (ids must sort by time: the newest complete one is loaded on restart). Only
-        the newest `keep` are kept, and those in `keep_also` (the job's rollback target)."""
+             slots: tuple[int, ...], checkpoint_id: str | None = None, keep_also: Collection[str] = (),
+             *, epoch: int = 0) -> CheckpointManifest:
+        """Write a checkpoint of the shard's `slots` under slot map `epoch`; `checkpoint_id`
+        names a job-wide one every shard writes on request (ids must sort by time: the newest
+        complete one is loaded on restart). Only the newest `keep` are kept, and those in
+        `keep_also` (the job's rollback target)."""
         checkpoint_id = checkpoint_id or new_checkpoint_id()
         directory = f"{self.root}/{checkpoint_id}"
         self.fs.create_dir(directory, recursive=True)
         files = [self._write(directory, name, blob) for name, blob in _snapshot(state).items()]
         manifest = CheckpointManifest(checkpoint_id, self.job, self.shard, time.time(), state.rule.name,
-                                      tuple(files), grad_offsets, input_watermarks, slots)
+                                      tuple(files), grad_offsets, input_watermarks, slots, epoch)
         self._write(directory, MANIFEST + ".tmp", manifest.to_json())
         # The rename is the commit point (atomic on local and HDFS filesystems; object stores
         # have no partial objects, so a missing manifest is the only failure they show).
@@ -153,7 +154,7 @@ class CheckpointStore:
             # Its rows of slots moved away would be served twice, those of slots moved in never.
             raise SlotsMismatchError(
                 f"checkpoint {checkpoint_id} of shard {self.shard} holds the parameters of "
-                f"{_slots_text(manifest.slots)}, but the job's slot map now gives this shard "
+                f"{_slots_text(manifest.slots)} (slot map epoch {manifest.epoch}), but the job's slot map now gives this shard "
                 f"{_slots_text(slots)}: a checkpoint taken under another slot map cannot be loaded")
         blobs = {}
         for entry in manifest.files:

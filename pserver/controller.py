@@ -93,7 +93,7 @@ class ShardController:
             return False
         # The slots this shard owns now: a rollback after a resize (streamtrain/resizing.py)
         # loads a checkpoint of the new map.
-        self.checkpoints.slots = SlotMap.from_json(self.etcd.get(self.keys.slots).value).slots_of(self.index)
+        self.checkpoints.follow(SlotMap.from_json(self.etcd.get(self.keys.slots).value))
         end = self.shard.adopt(self.store.load(to, self.shard.state.rule, self.checkpoints.slots).state)
         retired = self.store.retire_after(to)
         # Never pruning `to`, which checkpoints/latest may not name yet.

@@ -11,6 +11,7 @@ import time
 from prometheus_client import Histogram
 
 from streamtrain.jobstate.etcd import Etcd
+from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.pserver.checkpoint import CheckpointStore
 from streamtrain.pserver.control import checkpoint_to_take
 from streamtrain.pserver.state import ShardState
@@ -20,13 +21,18 @@ log = logging.getLogger(__name__)
 
 
 class CheckpointKeeper:
-    def __init__(self, store: CheckpointStore, etcd: Etcd, keys: EtcdKeys, index: int, slots: list[int],
+    def __init__(self, store: CheckpointStore, etcd: Etcd, keys: EtcdKeys, index: int, slot_map: SlotMap,
                  seconds: Histogram) -> None:
         self.store, self.etcd, self.keys = store, etcd, keys
-        self.index, self.slots, self.seconds = index, slots, seconds
+        self.index, self.seconds = index, seconds
+        self.follow(slot_map)
         self.latest: str | None = None  # the checkpoint this shard holds (loaded or taken)
         self.count = 0  # taken by this process
         self._taken: set[str] = set()  # requested ones taken by this process
+
+    def follow(self, slot_map: SlotMap) -> None:
+        """Checkpoints from now on are of this shard's slots under `slot_map` (after a resize)."""
+        self.slots, self.epoch = slot_map.slots_of(self.index), slot_map.epoch
 
     def take(self, state: ShardState, offsets: dict[str, int], checkpoint_id: str | None = None,
              keep_also: tuple[str, ...] = ()) -> str:
@@ -34,7 +40,7 @@ class CheckpointKeeper:
         returns its id."""
         started = time.monotonic()
         manifest = self.store.save(state, offsets, state.dedup.watermarks(), self.slots, checkpoint_id,
-                                   keep_also=(*keep_also, *self._rollback_target()))
+                                   keep_also=(*keep_also, *self._rollback_target()), epoch=self.epoch)
         self.latest = manifest.checkpoint_id
         self.count += 1
         (resume,) = offsets.values()

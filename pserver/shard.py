@@ -165,8 +165,7 @@ class PserverShard:
         slot_map = SlotMap.from_json(slots_entry.value)
         rule = make_rule(config.pservers.optimizer, lr=config.train.learning_rate)
         store = self.storage.checkpoint_store(config, index)
-        checkpoints = CheckpointKeeper(store, etcd, self.keys, index, slot_map.slots_of(index),
-                                       metrics.checkpoint_seconds)
+        checkpoints = CheckpointKeeper(store, etcd, self.keys, index, slot_map, metrics.checkpoint_seconds)
         controller = ShardController(etcd, self.keys, index, store, checkpoints, self)
         restored = store.load_latest(rule, checkpoints.slots)
         resume = 0

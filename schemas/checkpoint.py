@@ -63,6 +63,7 @@ class CheckpointManifest:
     grad_offsets: Mapping[str, int]
     input_watermarks: Mapping[str, int]
     slots: tuple[int, ...]
+    epoch: int = 0  # of the slot map the slots are from (manifests written before epochs: 0)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -78,6 +79,7 @@ class CheckpointManifest:
         set_(self, "grad_offsets", _offsets("grad_offsets", self.grad_offsets, _grad_topic))
         set_(self, "input_watermarks", _offsets("input_watermarks", self.input_watermarks, _topic_partition))
         set_(self, "slots", _slots(self.slots))
+        set_(self, "epoch", _check.integer("epoch", self.epoch, hi=U32_MAX))
 
     def to_json(self) -> bytes:
         return _json.dumps(
@@ -92,6 +94,7 @@ class CheckpointManifest:
                 "grad_offsets": dict(self.grad_offsets),
                 "input_watermarks": dict(self.input_watermarks),
                 "slots": list(self.slots),
+                "epoch": self.epoch,
             }
         )
 
@@ -122,6 +125,7 @@ class CheckpointManifest:
             grad_offsets=_json.obj(_check, get("grad_offsets"), "grad_offsets"),
             input_watermarks=_json.obj(_check, get("input_watermarks"), "input_watermarks"),
             slots=tuple(_json.array(_check, get("slots"), "slots")),
+            epoch=_json.field(_check, doc, "epoch", 0),
         )
 
 

@@ -87,6 +87,10 @@ class JobConfig:
         """True when the input is bounded (``input.passes >= 1``), False for online input."""
         return self.input.passes >= 1
 
+    def with_shards(self, count: int) -> JobConfig:
+        """This config with ``pservers.count = count`` (a resized job's: streamtrain/resizing.py)."""
+        return dataclasses.replace(self, pservers=dataclasses.replace(self.pservers, count=count))
+
     @classmethod
     def from_toml(cls, text: str, source: str = "<job>") -> JobConfig:
         """Parse and validate a job file's text; ``source`` names it in error messages.

@@ -341,7 +341,8 @@ def job_status_cmd(
     console.print(f"pservers {len(status.members.pservers)}: "
                   f"{', '.join(str(i) for i in sorted(status.members.pservers)) or '-'}")
     if status.slots:
-        console.print(f"slots    {sum(status.slots.values())} over {len(status.slots)} shards: "
+        console.print(f"slots    {sum(status.slots.values())} over {len(status.slots)} shards "
+                      f"(epoch {status.epoch}): "
                       + "  ".join(f"{shard}:{n}" for shard, n in status.slots.items()))
     if status.resizing:
         console.print(f"[yellow]resizing[/yellow] to {status.resizing.shards} shards: rolling back to "
@@ -480,6 +481,9 @@ def resize_cmd(
         raise typer.Exit(1) from exc
     finally:
         etcd.close()
+    if done.checkpoint is None:
+        console.print(f"job {name} has {done.shards} shards already; nothing moved", highlight=False)
+        return
     console.print(f"job {name}: {done.shards_before} -> {done.shards} shards, {done.moved_slots} slots moved, "
                   f"rolled back to {done.checkpoint} in {done.took_s:.1f} s; set pservers.count = {done.shards} "
                   "in the job file", highlight=False)

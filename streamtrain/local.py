@@ -104,18 +104,19 @@ class LocalJob:
     def start(self) -> LocalJob:
         """Start the master, the shards and the trainers. Raises InfraError if a service is
         not reachable, LayoutChangedError if the job has a slot map for other shards (its
-        master would refuse to lead, again at every restart)."""
+        master would refuse to lead, again at every restart). A job resized before runs the
+        slot map's shard count (`config.pservers.count` becomes it)."""
         from streamtrain.jobstate.etcd import Etcd
         from streamtrain.jobstate.topics import ensure_job_topics, metrics_spec
         from streamtrain.live import JobMonitor
-        from streamtrain.master.service import refuse_changed_layout
+        from streamtrain.master.service import read_slot_map, settled_config
 
         if self.supervisor is not None:
             raise LocalJobError(f"LocalJob {self.name!r} already started")
         try:
             etcd = Etcd.connect(self.endpoints)
             try:
-                refuse_changed_layout(etcd, self.config)
+                self.config = settled_config(self.config, read_slot_map(etcd, self.name)[0])
             finally:
                 etcd.close()
         except CoordinationError as exc:

@@ -23,7 +23,6 @@ So a resize pauses the trainers for the tasks in hand to finish, a checkpoint an
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 
@@ -47,13 +46,14 @@ class Resized:
     shards_before: int
     shards: int
     moved_slots: int
-    checkpoint: str  # the resharded checkpoint the job rolled back to
+    checkpoint: str | None  # the resharded checkpoint the job rolled back to; None: nothing moved
     took_s: float
 
 
 def resize(etcd: Etcd, storage: ShardStorage, job: str, shards: int, wait_s: float = 300.0) -> Resized:
     """Move `job` to `shards` shards (see the module docstring). A resize left half done (the
-    command stopped after the map changed) is finished first, whatever `shards` says.
+    command stopped after the map changed) is finished first, whatever `shards` says. A job
+    that has `shards` shards already is left alone: no pause, no checkpoint.
 
     Raises:
         ResizeError: no slot map or config, a shard count the slots cannot take, or the map
@@ -75,8 +75,8 @@ def resize(etcd: Etcd, storage: ShardStorage, job: str, shards: int, wait_s: flo
         raise ResizeError(f"job {job!r}: {shards} shards cannot share its {old_map.slots} slots")
     config = JobConfig.from_json(config_entry.value)
     new_map = old_map.resized(shards)
-    document = json.loads(config.to_json())
-    document["pservers"]["count"] = shards
+    if new_map is old_map:
+        return Resized(shards, shards, 0, None, time.monotonic() - started)
     # Paused first: the checkpoint is then of every shard having applied the same push groups
     # (`regroup` refuses anything else), and nobody pushes by either map until the rollback is
     # done. Still paused if that fails (`_finish` lifts the pause).
@@ -88,7 +88,7 @@ def resize(etcd: Etcd, storage: ShardStorage, job: str, shards: int, wait_s: flo
         changed, _ = etcd.txn([mod_revision_is(keys.slots, slots_entry.mod_revision)], [
             put_op(keys.slots, new_map.to_json()),
             put_op(keys.ps_desired, keys.ps_desired_value(shards)),
-            put_op(keys.config, JobConfig.from_json(json.dumps(document)).to_json()),
+            put_op(keys.config, config.with_shards(shards).to_json()),
             put_op(keys.control("resize"), record.to_json())])
         if not changed:
             paused.resume = True
@@ -126,7 +126,7 @@ def reshard(config: JobConfig, old_map: SlotMap, new_map: SlotMap, checkpoint_id
         offset = loaded[i].manifest.grad_offsets.get(topic, 0) if i in loaded else 0
         store = storage.checkpoint_store(config, i)
         manifest = store.save(state, {topic: offset}, state.dedup.watermarks(), new_map.slots_of(i), resharded,
-                              keep_also=(checkpoint_id,))
+                              keep_also=(checkpoint_id,), epoch=new_map.epoch)
         etcd.put(keys.checkpoint_shard(resharded, i), ShardCheckpoint(
             i, store.uri, offset, manifest.created_at, manifest.optimizer,
             {name: t.size for name, t in state.tables.items()}).to_json())

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.master import plan
 from streamtrain.schemas import PartitionCursor, TaskRecord
 
@@ -199,13 +200,17 @@ def test_a_task_goes_back_at_once_when_its_trainer_left_else_after_its_timeout()
 
 @pytest.mark.parametrize("mapped, refused", [
     (None, False),  # a new job: the file's layout becomes its map
-    ((256, 2), False),
-    ((256, 3), True),  # a shard that would own nothing, or slots owned by none
-    ((128, 2), True),  # every parameter rehashed
+    (SlotMap.uniform(256, 2), False),
+    (SlotMap.uniform(256, 3), True),  # a shard that would own nothing, or slots owned by none
+    (SlotMap.uniform(128, 2), True),  # every parameter rehashed
+    (SlotMap.uniform(256, 2).resized(3), False),  # resized since: the file is out of date
+    (SlotMap.uniform(256, 2).resized(3).resized(4), False),
+    (SlotMap.uniform(256, 1).resized(3), True),  # neither the map's count nor the first one
+    (SlotMap.uniform(128, 2).resized(3), True),
 ])
 def test_a_master_leads_only_with_the_shards_and_slots_of_the_jobs_slot_map(mapped, refused) -> None:
     reason = plan.layout_refused("j", slots=256, shards=2, mapped=mapped)
     assert (reason is not None) is refused
     if refused:
-        have_slots, have_shards = mapped
-        assert f"pservers.count = {have_shards} and pservers.slots = {have_slots}" in reason and "'j'" in reason
+        assert (f"pservers.count = {mapped.shards} and pservers.slots = {mapped.slots}" in reason
+                and "'j'" in reason and "streamtrain resize --pservers 2" in reason)

@@ -95,11 +95,13 @@ def test_a_checkpoint_of_other_slots_than_the_shard_owns_now_is_refused(tmp_path
     """Loaded, a checkpoint of other slots would serve the rows of slots moved away twice and
     those moved in never: at start and at a rollback alike, the shard refuses it."""
     s = store(tmp_path)
-    checkpoint_id = s.save(trained(1), {"g": 1}, {}, (0, 2, 4)).checkpoint_id
-    assert s.load(checkpoint_id, Adam(lr=0.01), (0, 2, 4)).manifest.slots == (0, 2, 4)
+    checkpoint_id = s.save(trained(1), {"g": 1}, {}, (0, 2, 4), epoch=3).checkpoint_id
+    loaded = s.load(checkpoint_id, Adam(lr=0.01), (0, 2, 4)).manifest
+    assert (loaded.slots, loaded.epoch) == ((0, 2, 4), 3)
     assert s.load_latest(Adam(lr=0.01)) is not None  # not checked without the slots
-    with pytest.raises(CheckpointMismatchError, match=r"holds the parameters of 3 slots \(0, 2, 4\), but "
-                                                      r"the job's slot map now gives this shard 2 slots \(0, 2\)"):
+    with pytest.raises(CheckpointMismatchError, match=r"holds the parameters of 3 slots \(0, 2, 4\) \(slot map "
+                                                      r"epoch 3\), but the job's slot map now gives this shard 2 "
+                                                      r"slots \(0, 2\)"):
         s.load(checkpoint_id, Adam(lr=0.01), (0, 2))
     with pytest.raises(CheckpointMismatchError, match="another slot map"):
         s.load_latest(Adam(lr=0.01), (1, 3, 5))

@@ -46,6 +46,7 @@ def small_doc() -> dict:
         "grad_offsets": {"ctr.grad.1": 5000},
         "input_watermarks": {"clicks:0": 120000, "clicks:1": 98000},
         "slots": [1, 3, 5],
+        "epoch": 2,
     }
 
 
@@ -69,6 +70,12 @@ def test_json_form_has_the_documented_keys():
     assert json.loads(manifest.to_json()) == small_doc()
     assert manifest.files == (FileEntry("shard-1/params.npz", 1024, SHA),)
     assert manifest.grad_offsets["ctr.grad.1"] == 5000
+
+
+def test_a_manifest_written_before_epochs_reads_as_epoch_0():
+    doc = small_doc()
+    del doc["epoch"]
+    assert CheckpointManifest.from_json(json.dumps(doc)).epoch == 0
 
 
 def test_offset_mappings_are_read_only():
@@ -95,6 +102,7 @@ def test_offset_mappings_are_read_only():
         (("files", 0, "path"), "/abs/params.npz", "files[0].path"),
         (("files", 0, "path"), "../params.npz", "files[0].path"),
         (("files", 0, "path"), "a//b", "files[0].path"),
+        (("epoch",), -1, "epoch"),
         (("grad_offsets",), [], "grad_offsets"),
         (("grad_offsets", "ctr.grad.1"), -1, "grad_offsets.ctr.grad.1"),
         (("grad_offsets", "ctr.grad.1"), 1.5, "grad_offsets.ctr.grad.1"),
@@ -135,7 +143,7 @@ def test_duplicate_file_paths_raise_schema_error():
     raises_naming("files[1].path", CheckpointManifest.from_json, json.dumps(doc))
 
 
-@pytest.mark.parametrize("key", list(small_doc()))
+@pytest.mark.parametrize("key", [k for k in small_doc() if k != "epoch"])  # epoch: 0 if missing
 def test_missing_json_key_raises_schema_error(key):
     doc = small_doc()
     del doc[key]
