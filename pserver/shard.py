@@ -53,7 +53,7 @@ from streamtrain.schemas import (BarrierStats, BarrierSteps, EtcdKeys, GradientD
                                  ShardStats, StreamtrainError)
 
 log = logging.getLogger(__name__)
-
+UNPUBLISH_BATCH = 1000  # keys per SCAN page and per UNLINK when a shard that left deletes its keys
 
 
 class ShardLostError(MasterError):
@@ -98,9 +98,9 @@ class ShardParts:
     publishing: BackgroundPublisher
 
 
-
 class ShardLeft(StreamtrainError):  # noqa: N818  a signal to stop, not a failure
     """A resize left this shard's index outside the slot map (streamtrain/resizing.py)."""
+
 
 class PserverShard:
     def __init__(self, endpoints: Endpoints, options: ShardOptions, *, etcd: Etcd | None = None,
@@ -145,11 +145,35 @@ class PserverShard:
                 self._serve(etcd, config, stop, ready)
             except ShardLeft as exc:
                 log.info("%s; stopping", exc)
+                self._unpublish_all()
             finally:
                 self.lease.revoke()
         finally:
             if self._given_etcd is None:
                 etcd.close()
+
+    def _unpublish_all(self) -> None:
+        """Delete every key of this shard from Redis once the job was resized without it: its
+        slots' rows are the new owners' now, under their keys, and nobody reads these again.
+        Best effort: with Redis away they stay behind (only memory is lost)."""
+        conn = self._given_redis or redis_client(self.endpoints)
+        removed = 0
+        try:
+            batch: list[bytes] = []
+            # One hash tag: every key of the shard lives in one cluster slot, so each UNLINK is one node's.
+            for key in conn.scan_iter(match=self.redis_keys.prefix(self.index) + "*", count=UNPUBLISH_BATCH):
+                batch.append(key)
+                if len(batch) == UNPUBLISH_BATCH:
+                    removed += conn.unlink(*batch)
+                    batch = []
+            if batch:
+                removed += conn.unlink(*batch)
+            log.info("shard %d: deleted its %d keys from Redis", self.index, removed)
+        except redis.RedisError as exc:
+            log.warning("shard %d: could not delete its keys from Redis (%s); they stay behind", self.index, exc)
+        finally:
+            if self._given_redis is None:
+                conn.close()
 
     def _assemble(self, etcd: Etcd, config: JobConfig) -> int:
         """Make the run's parts (`self.parts`) and its state, loaded from the newest checkpoint

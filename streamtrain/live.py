@@ -27,7 +27,7 @@ from rich.text import Text
 
 from streamtrain.infra import Endpoints
 from streamtrain.local import LocalJob, shard_of_child
-from streamtrain.schemas import SchemaError, ShardStats, TaskReport, partition_label, partition_of
+from streamtrain.schemas import RedisKeys, SchemaError, ShardStats, TaskReport, partition_label, partition_of
 from streamtrain.supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ class JobMonitor:
         from streamtrain.jobstate.etcd import Etcd
         from streamtrain.jobstate.offsets import InputOffsets
         from streamtrain.jobstate.redisnodes import ShardNodes
-        from streamtrain.schemas import RedisKeys, Topics
+        from streamtrain.schemas import Topics
 
         self.job = job
         self.started = started
@@ -81,7 +81,7 @@ class JobMonitor:
         self.offsets = InputOffsets(endpoints)
         self.redis = redis_client(endpoints)
         self.nodes = ShardNodes(self.redis, job)
-        self.stats_keys = {i: RedisKeys(job).stats(i) for i in range(pservers)}
+        self.stats_keys = {i: RedisKeys(job).stats(i) for i in range(pservers)}  # follows resizes
         self.consumer = Consumer({
             "bootstrap.servers": endpoints.kafka, "group.id": f"{job}.demo-view",
             "enable.auto.commit": False, "isolation.level": "read_committed",
@@ -134,6 +134,8 @@ class JobMonitor:
             snap.leader_pid = status.leader.pid if status.leader else None
             snap.trainers = len(status.members.trainers)
             snap.pservers = len(status.members.pservers)
+            if status.slots and len(status.slots) != len(self.stats_keys):  # resized
+                self.stats_keys = {i: RedisKeys(self.job).stats(i) for i in status.slots}
         except Exception as exc:  # noqa: BLE001  the view never dies of a slow service
             snap.errors.append(f"status: {exc}")
         try:
@@ -252,7 +254,7 @@ def render(snap: Snapshot, supervisor: Supervisor, job: str, events: list[str]) 
 
     procs = Table("process", "state", "pid", "restarts", "exit", "detail", box=box.SIMPLE_HEAD,
                   padding=(0, 1), pad_edge=False)
-    colours = {"running": "green", "restarting": "yellow", "stopped": "dim"}
+    colours = {"running": "green", "restarting": "yellow", "stopped": "dim", "retired": "dim"}
     for c in supervisor.children.values():
         colour = colours.get(c.state, "red")
         detail = ""

@@ -13,7 +13,9 @@ The job's processes are `python -m streamtrain …` children of one restarting s
 (`streamtrain.supervisor`): one master, `pservers.count` shards pinned to their indexes and N
 trainers, each with the endpoints in its environment and its output in `<log dir>/<name>.log`.
 A thread of this process restarts a child that exits; nothing needs to be called for that, so
-a notebook cell can return while the job trains. The services (`streamtrain up`) and the input
+a notebook cell can return while the job trains. The same thread follows the job's shard count
+in etcd: after `streamtrain resize` (or `LocalJob.resize`) it starts the shards that join and
+lets the ones that leave stop for good; a job resized before has the slot map's count. The services (`streamtrain up`) and the input
 topic must exist. `streamtrain job run` and `streamtrain demo` are built on this class.
 """
 
@@ -36,9 +38,12 @@ from streamtrain.supervisor import Supervisor, pid_alive
 
 if TYPE_CHECKING:
     from streamtrain.checkpoints import Checkpoint
+    from streamtrain.jobstate.etcd import Etcd
     from streamtrain.live import JobMonitor, Snapshot
+    from streamtrain.resizing import Resized
 
 POLL_S = 0.2  # how soon an exited child is noticed (its restart backoff starts then)
+FOLLOW_S = 1.0  # how soon a resized job's shard count is followed
 
 
 def pserver_child(index: int) -> str:
@@ -92,6 +97,7 @@ class LocalJob:
         self._lock = threading.Lock()
         self._halt = threading.Event()
         self._poller: threading.Thread | None = None
+        self._etcd: Etcd | None = None  # the poller's client, from start()
         self._started = 0.0
         self.result: LocalJobResult | None = None
         self.final_status: Snapshot | None = None  # read as the children stopped
@@ -131,10 +137,11 @@ class LocalJob:
         self.supervisor = Supervisor(self.endpoints.env(), self.log_dir)
         self.supervisor.add("master", ["master", "--job", str(self.job_file)])
         for i in range(self.config.pservers.count):
-            self.supervisor.add(pserver_child(i), ["pserver", "--job", self.name, "--index", str(i)])
+            self.supervisor.add(pserver_child(i), self._pserver_args(i))
         for i in range(self.trainers):
             self.supervisor.add(f"trainer-{i}", ["trainer", "--job", self.name, "--id", f"trainer-{i}"])
         self.monitor = JobMonitor(self.endpoints, self.name, self.config.pservers.count, self._started)
+        self._etcd = Etcd.connect(self.endpoints)
         self._poller = threading.Thread(target=self._poll, name=f"{self.name}-supervisor", daemon=True)
         self._poller.start()
         return self
@@ -155,6 +162,8 @@ class LocalJob:
         self._halt.set()
         if self._poller is not None:
             self._poller.join()
+        if self._etcd is not None:
+            self._etcd.close()
         supervisor = self.supervisor
         killed = supervisor.stop() if supervisor is not None else []
         state = None
@@ -182,12 +191,51 @@ class LocalJob:
         self.stop()
 
     def _poll(self) -> None:
+        followed = time.monotonic()
         while not self._halt.wait(POLL_S):
+            if time.monotonic() - followed >= FOLLOW_S:
+                followed = time.monotonic()
+                self._follow_shards()
             with self._lock:
                 events = self.supervisor.poll()
                 self._events.extend(events)
 
+    def _pserver_args(self, index: int) -> list[str]:
+        return ["pserver", "--job", self.name, "--index", str(index)]
+
+    def _follow_shards(self) -> None:
+        """Shards 0..ps_desired-1 supervised, the ones above retired: a shard that joins must
+        run to load its part of the resize's checkpoint; one that leaves stops by itself once
+        its slots are others' (`ShardLeft`), and would find no index to register under if
+        restarted."""
+        from streamtrain.schemas import EtcdKeys
+
+        keys = EtcdKeys(self.name)
+        try:
+            entry = self._etcd.get(keys.ps_desired)
+        except CoordinationError:
+            return  # etcd away: the shards ride it out, and so does their count
+        if entry is None:
+            return
+        desired = keys.ps_desired_of(entry.value)
+        with self._lock:
+            supervised = {i for name in self.supervisor.children if (i := shard_of_child(name)) is not None
+                          and self.supervisor.running(name)}
+            for i in sorted(set(range(desired)) - supervised):
+                self.supervisor.add(pserver_child(i), self._pserver_args(i))
+                self._events.append(f"{pserver_child(i)} started: the job has {desired} shards now")
+            for i in sorted(i for i in supervised if i >= desired):
+                self.supervisor.retire(pserver_child(i))
+                self._events.append(f"{pserver_child(i)} retired: the job has {desired} shards now")
+        if desired != self.config.pservers.count:
+            self.config = self.config.with_shards(desired)
+
     # -- while it runs -------------------------------------------------------------------
+    def note(self, event: str) -> None:
+        """Add a line to what `events` returns next (the view shows it)."""
+        with self._lock:
+            self._events.append(event)
+
     def events(self) -> list[str]:
         """What happened to the children since the last call (exits, restarts), oldest first."""
         with self._lock:
@@ -229,6 +277,17 @@ class LocalJob:
         from streamtrain.checkpoints import request_checkpoint
 
         return request_checkpoint(self._running_monitor().etcd, self.name, wait_s)
+
+    def resize(self, shards: int, wait_s: float = 300.0) -> Resized:
+        """Move the job to `shards` parameter-server shards while it trains (`streamtrain
+        resize`); the shards that join are started, the ones that leave stop."""
+        from streamtrain.pserver.storage import ShardStorage
+        from streamtrain.resizing import resize
+
+        done = resize(self._running_monitor().etcd, ShardStorage(self.endpoints), self.name, shards, wait_s)
+        self.note(f"resized from {done.shards_before} to {done.shards} shards: {done.moved_slots} slots moved "
+                  f"in {done.took_s:.1f} s" if done.checkpoint else f"the job has {done.shards} shards already")
+        return done
 
     def rollback(self, checkpoint_id: str, wait_s: float = 120.0) -> None:
         """Return the whole job to a job-wide checkpoint (`streamtrain rollback`)."""

@@ -41,7 +41,8 @@ class Child:
     args: Sequence[str] | Callable[[], Sequence[str]]  # a callable is evaluated at every (re)start
     log_path: Path
     proc: subprocess.Popen | None = None
-    state: str = "new"  # new | running | restarting | stopped | exited
+    state: str = "new"  # new | running | restarting | retired | stopped
+    retired: bool = False  # not restarted once it exits (`Supervisor.retire`)
     restarts: int = 0
     last_exit: int | None = None
     started_at: float = 0.0
@@ -96,13 +97,35 @@ class Supervisor:
 
     def add(self, name: str, args: Sequence[str] | Callable[[], Sequence[str]]) -> Child:
         """Start `python -m streamtrain ARGS` as `name`; `args` may be a callable, evaluated at every
-        (re)start, for a command that must resume where its predecessor stopped."""
-        if name in self.children:
+        (re)start, for a command that must resume where its predecessor stopped. A retired
+        child of that name is supervised again (started if it has exited), with these args."""
+        child = self.children.get(name)
+        if child is not None and not child.retired:
             raise ValueError(f"child {name!r} already supervised")
-        child = Child(name, args if callable(args) else list(args), self.log_dir / f"{name}.log")
-        self.children[name] = child
-        self._spawn(child)
+        if child is None:
+            child = self.children[name] = Child(name, args, self.log_dir / f"{name}.log")
+        child.args = args if callable(args) else list(args)
+        child.retired = False
+        if child.state in ("new", "retired"):
+            if child.state == "retired":
+                child.restarts += 1
+            self._spawn(child)
         return child
+
+    def retire(self, name: str) -> None:
+        """Let child `name` run until it exits by itself, then not restart it (a shard the job
+        was resized without stops once its slots are others'). Unknown names are ignored."""
+        child = self.children.get(name)
+        if child is None or child.retired:
+            return
+        child.retired = True
+        if child.state == "restarting":
+            child.state = "retired"
+
+    def running(self, name: str) -> bool:
+        """Whether child `name` is supervised and not retired."""
+        child = self.children.get(name)
+        return child is not None and not child.retired
 
     def _spawn(self, child: Child) -> None:
         args = list(child.args() if callable(child.args) else child.args)  # may raise: see poll()
@@ -129,6 +152,11 @@ class Supervisor:
             if child.state == "running" and child.proc is not None and child.proc.poll() is not None:
                 child.last_exit = child.proc.returncode
                 ran = now - child.started_at
+                if child.retired:
+                    child.state = "retired"
+                    events.append(f"{child.name} exited with {child.last_exit} after {ran:.0f} s; retired, "
+                                  "not restarted")
+                    continue
                 child.backoff_s = restart_backoff(child.backoff_s, ran, child.last_exit, min_s=self.min_backoff_s,
                                                   max_s=self.max_backoff_s, healthy_after_s=self.healthy_after_s)
                 child.restart_at = now + child.backoff_s
