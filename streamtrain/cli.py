@@ -130,14 +130,22 @@ def demo(
     headless: Annotated[bool, typer.Option(
         "--headless", help="Print a plain status line every few seconds instead of the live view.")] = False,
     keep: Annotated[bool, typer.Option("--keep", help="Leave the services running.")] = False,
+    resize: Annotated[Optional[list[str]], typer.Option(
+        "--resize", metavar="T:N", show_default=False,
+        help="Resize the job to N pserver shards T seconds in, while it trains (repeatable: "
+             "--resize 60:3 --resize 120:2).")] = None,
 ) -> None:
     """Run the demo job: services up, a synthetic click stream, master, 2 pservers and 2 trainers
     under a supervisor, a live view of lag, AUC and freshness; a summary at the end."""
-    from streamtrain.demo import run_demo
+    from streamtrain.demo import parse_resize, run_demo
 
     try:
+        resizes = [parse_resize(r) for r in resize or ()]
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--resize") from exc
+    try:
         summary = run_demo(_services(home, port_base), console, duration=duration, headless=headless,
-                           keep_running=keep)
+                           keep_running=keep, resizes=resizes)
     except InfraError as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from exc

@@ -8,7 +8,9 @@
    `<state dir>/demo/<job>/logs/<name>.log`: the synthetic click producer (labelled examples at
    ~2000/s), the master, 2 pservers and 2 trainers; it restarts any that exits unexpectedly.
 3. A live view (or, `--headless`, a line every few seconds) shows lag, tasks, throughput,
-   prequential AUC, freshness and the processes.
+   prequential AUC, freshness and the processes. `--resize T:N` moves the job to N pserver
+   shards T seconds in (`streamtrain resize`, while it trains): the view shows the shards that
+   join or leave.
 4. On Ctrl-C, SIGTERM or the end of `duration`: children get SIGTERM (then SIGKILL after a grace
    period), the services stop (unless kept or given), and a `DemoSummary` is printed and returned.
 """
@@ -17,9 +19,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.live import Live
@@ -27,6 +30,9 @@ from rich.live import Live
 from streamtrain.infra import Endpoints, LocalServices
 from streamtrain.infra.signals import handle_stop_signals
 from streamtrain.supervisor import Supervisor
+
+if TYPE_CHECKING:
+    from streamtrain.local import LocalJob
 
 INPUT_TOPIC = "demo.examples"
 INPUT_PARTITIONS = 2
@@ -152,11 +158,38 @@ def producer_args(endpoints: Endpoints) -> list[str]:
             "--partitions", str(INPUT_PARTITIONS), "--start", str(produced(endpoints))]
 
 
+def parse_resize(text: str) -> tuple[float, int]:
+    """`T:N` (`--resize`): N pserver shards from T seconds after the demo starts. Raises
+    ValueError naming what is wrong."""
+    at, sep, shards = text.partition(":")
+    try:
+        when, count = float(at), int(shards)
+    except ValueError:
+        when, count = -1.0, 0
+    if not sep or when < 0 or count < 1:
+        raise ValueError(f"{text!r}: expected SECONDS:SHARDS, e.g. 60:3 (3 shards from 60 s in)")
+    return when, count
+
+
+def _resize_on_schedule(job: LocalJob, resizes: Sequence[tuple[float, int]], stop: threading.Event) -> None:
+    """Each (T, N) of `resizes` in turn, T seconds after the job started; a failed resize is an
+    event in the view, not the end of the demo."""
+    for at, shards in sorted(resizes):
+        if stop.wait(max(0.0, at - (time.monotonic() - job.monitor.started))):
+            return
+        try:
+            job.resize(shards)
+        except Exception as exc:  # noqa: BLE001  shown, and the demo goes on
+            if not stop.is_set():
+                job.note(f"resize to {shards} shards failed: {exc}")
+
+
 def run_demo(target: LocalServices | Endpoints, console: Console, *, home: Path | None = None,
              duration: float | None = None, headless: bool = False, keep_running: bool = False,
-             job: str | None = None,
+             job: str | None = None, resizes: Sequence[tuple[float, int]] = (),
              on_tick: Callable[[float, Supervisor], None] | None = None) -> DemoSummary:
-    """Run the demo job until `duration` seconds pass, or SIGINT/SIGTERM.
+    """Run the demo job until `duration` seconds pass, or SIGINT/SIGTERM; `resizes`: (T, N),
+    the job moved to N shards T seconds in.
 
     `target` is either local services to bring up (and stop at the end unless `keep_running`),
     or the endpoints of running services, used as they are and never stopped; then `home` names
@@ -196,6 +229,9 @@ def run_demo(target: LocalServices | Endpoints, console: Console, *, home: Path 
         running = LocalJob(JobConfig.load(plan.job_file), trainers=TRAINERS, endpoints=endpoints,
                            log_dir=plan.log_dir, job_file=plan.job_file).start()
         running.add("producer", lambda: producer_args(endpoints))
+        if resizes:
+            threading.Thread(target=_resize_on_schedule, args=(running, resizes, stop), name="demo-resize",
+                             daemon=True).start()
         deadline = None if duration is None else started + duration
         if headless:
             snap = follow(running, stop, deadline, events, headlines(console, running.supervisor, events), on_tick)

@@ -1,7 +1,8 @@
 """`streamtrain demo` end to end, headless, against the session's services: the real job's
 processes under the demo's supervisor learn the click model online, a SIGKILLed trainer and a
 SIGKILLed producer are restarted (the producer resuming after the records already in the topic),
-and nothing is left running afterwards."""
+the job is resized to 3 pserver shards while it trains (`--resize 45:3`), and nothing is left
+running afterwards."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from streamtrain.supervisor import Supervisor, pid_alive
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 
-def test_demo_learns_online_survives_a_killed_trainer_and_leaves_no_process(services, unique, tmp_path) -> None:
+def test_demo_learns_online_survives_a_killed_trainer_resizes_and_leaves_no_process(services, unique,
+                                                                                    tmp_path) -> None:
     out = io.StringIO()
     killed: dict[str, int] = {}
 
@@ -29,8 +31,8 @@ def test_demo_learns_online_survives_a_killed_trainer_and_leaves_no_process(serv
                 killed[name] = child.pid
                 os.kill(child.pid, signal.SIGKILL)
 
-    summary = run_demo(services, Console(file=out, width=200), home=tmp_path, duration=65, headless=True,
-                       job=unique("demo"), on_tick=kill_once)
+    summary = run_demo(services, Console(file=out, width=200), home=tmp_path, duration=75, headless=True,
+                       job=unique("demo"), resizes=[(45, 3)], on_tick=kill_once)
     log = out.getvalue()
 
     assert set(killed) == {"trainer-0", "producer"}, log
@@ -42,6 +44,8 @@ def test_demo_learns_online_survives_a_killed_trainer_and_leaves_no_process(serv
     assert summary.auc is not None and summary.auc > 0.7, log
     assert summary.examples > 20_000, log  # ~100k on an idle 2-core machine
     assert summary.applied is not None and summary.applied > 15_000, log
-    assert len(summary.pids) >= 8  # producer, master, 2 pservers, 2 trainers, the two restarted
+    assert "resized from 2 to 3 shards" in log and "pserver-2 started" in log, log
+    assert summary.restarts["pserver-2"] == 0, log
+    assert len(summary.pids) >= 9  # producer, master, 3 pservers, 2 trainers, the two restarted
     assert summary.stray == [] and not [p for p in summary.pids if pid_alive(p)], log
     assert "demo summary" in log and "prequential AUC" in log
