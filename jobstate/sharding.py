@@ -50,11 +50,10 @@ def row_hash(table: str, ids: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class SlotMap:
     """slot → shard, stored as JSON at the job's `slots` key (written by the master, then by
-    each resize). `epoch` counts the resizes; `first_shards` is the shard count of epoch 0."""
+    each resize). `epoch` counts the resizes."""
 
     owners: tuple[int, ...]
     epoch: int = 0
-    first_shards: int | None = None  # None: this map's own shard count (epoch 0)
 
     def __post_init__(self) -> None:
         if not 1 <= len(self.owners) <= 1 << 16:
@@ -65,8 +64,6 @@ class SlotMap:
             raise ValueError(f"slot map: epoch {self.epoch} is negative")
         object.__setattr__(self, "_owners", np.asarray(self.owners, dtype=np.int32))
         object.__setattr__(self, "_shards", max(self.owners) + 1)
-        if self.first_shards is None:
-            object.__setattr__(self, "first_shards", self._shards)
 
     @classmethod
     def uniform(cls, slots: int, shards: int) -> SlotMap:
@@ -95,7 +92,7 @@ class SlotMap:
                 owners[freed.pop(0)] = s
         if tuple(owners) == self.owners:
             return self
-        return SlotMap(tuple(owners), self.epoch + 1, self.first_shards)
+        return SlotMap(tuple(owners), self.epoch + 1)
 
     @property
     def slots(self) -> int:
@@ -130,10 +127,10 @@ class SlotMap:
                 for s, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])) if b > a}
 
     def to_json(self) -> bytes:
-        return SlotOwners(tuple(self.owners), self.epoch, self.first_shards).to_json()
+        return SlotOwners(tuple(self.owners), self.epoch).to_json()
 
     @classmethod
     def from_json(cls, data: bytes | str) -> SlotMap:
         """Raises: SchemaError (a ValueError) naming the slot map's field."""
         doc = SlotOwners.from_json(data)
-        return cls(doc.owners, doc.epoch, doc.first_shards)
+        return cls(doc.owners, doc.epoch)

@@ -172,11 +172,11 @@ def layout_refused(job: str, slots: int, shards: int, mapped: SlotMap | None) ->
     `slots` slots, given the job's slot map in etcd, or None if it may (it then leads with the
     map's shard count): a job without a map yet gets the file's. A changed count would leave
     the map owning slots to shards that never register (pulls stall) or shards that own
-    nothing; a changed slot count would rehash every parameter. After `streamtrain resize`
-    the map's count is the job's, and a file still giving the count the job began with is out
-    of date rather than changed (a restarted master would otherwise never lead again)."""
-    if mapped is None or mapped.slots == slots and (
-            shards == mapped.shards or mapped.epoch > 0 and shards == mapped.first_shards):
+    nothing; a changed slot count would rehash every parameter. Once `streamtrain resize` has
+    changed the map (epoch > 0), the count is the map's and `streamtrain resize` changes it:
+    the file's count only set the one the job began with (were it held to the map's, a master
+    restarted after the next resize, with its job file unchanged, would never lead again)."""
+    if mapped is None or mapped.slots == slots and (shards == mapped.shards or mapped.epoch > 0):
         return None
     return (f"job {job!r}: the job file asks for pservers.count = {shards} over pservers.slots = {slots}, "
             f"but the job's slot map in etcd spreads {mapped.slots} slots over {mapped.shards} shard(s), and its "

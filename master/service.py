@@ -75,6 +75,13 @@ def settled_config(config: JobConfig, slot_map: SlotMap | None) -> JobConfig:
     return config.with_shards(slot_map.shards)
 
 
+def resized_note(job: str, slot_map: SlotMap, file_count: int) -> str:
+    """What a master or `job run` says when a resized job's file gives another shard count."""
+    return (f"job {job} was resized to {slot_map.shards} shards (slot map epoch {slot_map.epoch}): the job "
+            f"file's pservers.count = {file_count} only set the count it began with; `streamtrain resize` "
+            f"changes it")
+
+
 def read_slot_map(etcd: Etcd, job: str) -> tuple[SlotMap | None, int]:
     """The job's slot map and its etcd mod revision, or (None, 0) before its master wrote one."""
     entry = etcd.get(EtcdKeys(job).slots)
@@ -139,9 +146,7 @@ class Master:
             slot_map, revision = read_slot_map(self.etcd, self.config.name)
             config = settled_config(self.config, slot_map)
             if config.pservers.count != self.config.pservers.count:
-                log.warning("job %s was resized to %d shards (slot map epoch %d); the job file's "
-                            "pservers.count = %d is from before", config.name, slot_map.shards,
-                            slot_map.epoch, self.config.pservers.count)
+                log.warning("%s", resized_note(config.name, slot_map, self.config.pservers.count))
             current = self.etcd.get(self.keys.config)
             if current is not None and current.value != config.to_json():
                 log.warning("job config in etcd differs from the job file; the job file wins")

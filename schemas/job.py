@@ -233,14 +233,11 @@ class ShardStats:
 @dataclass(frozen=True)
 class SlotOwners:
     """The slot map's document: the shard that owns each slot (jobstate/sharding.py hashes
-    rows and dense blocks into slots), the map's epoch (0 as the master first writes it, one
-    more at every `streamtrain resize`) and the shard count the job began with (the job file's
-    `pservers.count` then: a file still saying so after a resize is out of date, not changed).
-    A map written before epochs reads as epoch 0 of its own shard count."""
+    rows and dense blocks into slots) and the map's epoch (0 as the master first writes it,
+    one more at every `streamtrain resize`; a map written before epochs reads as 0)."""
 
     owners: tuple[int, ...]
     epoch: int = 0
-    first_shards: int | None = None  # None: the map's own shard count
 
     def __post_init__(self) -> None:
         if not isinstance(self.owners, (tuple, list)) or not self.owners:
@@ -248,20 +245,16 @@ class SlotOwners:
         for i, owner in enumerate(self.owners):
             _slots.integer(f"owners[{i}]", owner, hi=U32_MAX)
         _slots.integer("epoch", self.epoch)
-        if self.first_shards is None:
-            object.__setattr__(self, "first_shards", max(self.owners) + 1)
-        _slots.integer("first_shards", self.first_shards, lo=1, hi=U32_MAX)
 
     def to_json(self) -> bytes:
-        return _json.dumps({"v": VERSION, "owners": list(self.owners), "epoch": self.epoch,
-                            "first_shards": self.first_shards})
+        return _json.dumps({"v": VERSION, "owners": list(self.owners), "epoch": self.epoch})
 
     @classmethod
     def from_json(cls, data: bytes | str) -> SlotOwners:
         """Raises: SchemaError."""
         doc = _json.loads(_slots, data)
         return cls(tuple(_json.array(_slots, _json.field(_slots, doc, "owners"), "owners")),
-                   _json.field(_slots, doc, "epoch", 0), _json.field(_slots, doc, "first_shards", None))
+                   _json.field(_slots, doc, "epoch", 0))
 
 
 _state = Check("JobState", VERSION)

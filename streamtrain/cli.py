@@ -493,8 +493,7 @@ def resize_cmd(
         console.print(f"job {name} has {done.shards} shards already; nothing moved", highlight=False)
         return
     console.print(f"job {name}: {done.shards_before} -> {done.shards} shards, {done.moved_slots} slots moved, "
-                  f"rolled back to {done.checkpoint} in {done.took_s:.1f} s; set pservers.count = {done.shards} "
-                  "in the job file", highlight=False)
+                  f"rolled back to {done.checkpoint} in {done.took_s:.1f} s", highlight=False)
 
 
 @job_app.command("check")

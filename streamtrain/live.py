@@ -221,7 +221,7 @@ def headline(snap: Snapshot, supervisor: Supervisor) -> str:
     """One plain line for logs and CI."""
     q = snap.queues
     procs = " ".join(f"{c.name}:{'up' if c.state == 'running' else c.state}"
-                     + (f"(r{c.restarts})" if c.restarts else "") for c in supervisor.children.values())
+                     + (f"(r{c.restarts})" if c.restarts else "") for c in list(supervisor.children.values()))
     return (f"t={snap.elapsed_s:5.0f}s lag={_num(snap.lag)} "
             f"tasks todo/pending/done/failed={q.get('todo', '?')}/{q.get('pending', '?')}/"
             f"{q.get('done', '?')}/{q.get('failed', '?')} examples={snap.examples} "
@@ -255,7 +255,7 @@ def render(snap: Snapshot, supervisor: Supervisor, job: str, events: list[str]) 
     procs = Table("process", "state", "pid", "restarts", "exit", "detail", box=box.SIMPLE_HEAD,
                   padding=(0, 1), pad_edge=False)
     colours = {"running": "green", "restarting": "yellow", "stopped": "dim", "retired": "dim"}
-    for c in supervisor.children.values():
+    for c in list(supervisor.children.values()):  # a copy: LocalJob's poller may add a shard
         colour = colours.get(c.state, "red")
         detail = ""
         if (i := shard_of_child(c.name)) is not None:

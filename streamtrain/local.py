@@ -115,18 +115,23 @@ class LocalJob:
         from streamtrain.jobstate.etcd import Etcd
         from streamtrain.jobstate.topics import ensure_job_topics, metrics_spec
         from streamtrain.live import JobMonitor
-        from streamtrain.master.service import read_slot_map, settled_config
+        from streamtrain.master.service import read_slot_map, resized_note, settled_config
 
         if self.supervisor is not None:
             raise LocalJobError(f"LocalJob {self.name!r} already started")
         try:
-            etcd = Etcd.connect(self.endpoints)
+            etcd = Etcd.connect(self.endpoints)  # kept for the poller, which follows the shard count
             try:
-                self.config = settled_config(self.config, read_slot_map(etcd, self.name)[0])
-            finally:
+                slot_map, _ = read_slot_map(etcd, self.name)
+                settled = settled_config(self.config, slot_map)
+            except BaseException:
                 etcd.close()
+                raise
         except CoordinationError as exc:
             raise InfraError(f"etcd at {self.endpoints.etcd}: {exc}") from exc
+        if settled.pservers.count != self.config.pservers.count:
+            self.note(resized_note(self.name, slot_map, self.config.pservers.count))
+        self.config, self._etcd = settled, etcd
         self._started = time.monotonic()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if self.job_file is None:
@@ -141,7 +146,6 @@ class LocalJob:
         for i in range(self.trainers):
             self.supervisor.add(f"trainer-{i}", ["trainer", "--job", self.name, "--id", f"trainer-{i}"])
         self.monitor = JobMonitor(self.endpoints, self.name, self.config.pservers.count, self._started)
-        self._etcd = Etcd.connect(self.endpoints)
         self._poller = threading.Thread(target=self._poll, name=f"{self.name}-supervisor", daemon=True)
         self._poller.start()
         return self
@@ -193,12 +197,21 @@ class LocalJob:
     def _poll(self) -> None:
         followed = time.monotonic()
         while not self._halt.wait(POLL_S):
-            if time.monotonic() - followed >= FOLLOW_S:
+            # A shard that exited may be one a resize left out: it is retired before the
+            # supervisor would restart it into a registration that cannot succeed.
+            if time.monotonic() - followed >= FOLLOW_S or self._shard_exited():
                 followed = time.monotonic()
-                self._follow_shards()
+                try:
+                    self._follow_shards()
+                except Exception as exc:  # noqa: BLE001  the poller restarts every child: it must not die
+                    self.note(f"could not follow the job's shard count: {exc}")
             with self._lock:
                 events = self.supervisor.poll()
                 self._events.extend(events)
+
+    def _shard_exited(self) -> bool:
+        return any(c.state == "running" and c.proc is not None and c.proc.poll() is not None
+                   for name, c in list(self.supervisor.children.items()) if shard_of_child(name) is not None)
 
     def _pserver_args(self, index: int) -> list[str]:
         return ["pserver", "--job", self.name, "--index", str(index)]
@@ -222,7 +235,11 @@ class LocalJob:
             supervised = {i for name in self.supervisor.children if (i := shard_of_child(name)) is not None
                           and self.supervisor.running(name)}
             for i in sorted(set(range(desired)) - supervised):
-                self.supervisor.add(pserver_child(i), self._pserver_args(i))
+                try:
+                    self.supervisor.add(pserver_child(i), self._pserver_args(i))
+                except OSError as exc:  # retried by the supervisor, as a failed restart is
+                    self._events.append(f"{pserver_child(i)} could not start ({exc}); retrying")
+                    continue
                 self._events.append(f"{pserver_child(i)} started: the job has {desired} shards now")
             for i in sorted(i for i in supervised if i >= desired):
                 self.supervisor.retire(pserver_child(i))

@@ -109,7 +109,13 @@ class Supervisor:
         if child.state in ("new", "retired"):
             if child.state == "retired":
                 child.restarts += 1
-            self._spawn(child)
+            try:
+                self._spawn(child)
+            except Exception:
+                # Retried by poll() as a failed restart is, whoever catches this.
+                child.state, child.backoff_s = "restarting", self.min_backoff_s
+                child.restart_at = time.monotonic() + child.backoff_s
+                raise
         return child
 
     def retire(self, name: str) -> None:
@@ -200,12 +206,14 @@ class Supervisor:
             child.state = "stopped"
         return killed
 
+    # Copies first (one C call each): another thread may add a child meanwhile (LocalJob's
+    # poller adds the shards a resize brings).
     def all_pids(self) -> list[int]:
-        return [pid for child in self.children.values() for pid in child.pids]
+        return [pid for child in list(self.children.values()) for pid in child.pids]
 
     @property
     def restarts(self) -> dict[str, int]:
-        return {name: c.restarts for name, c in self.children.items()}
+        return {name: c.restarts for name, c in list(self.children.items())}
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:

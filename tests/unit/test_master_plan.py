@@ -203,10 +203,9 @@ def test_a_task_goes_back_at_once_when_its_trainer_left_else_after_its_timeout()
     (SlotMap.uniform(256, 2), False),
     (SlotMap.uniform(256, 3), True),  # a shard that would own nothing, or slots owned by none
     (SlotMap.uniform(128, 2), True),  # every parameter rehashed
-    (SlotMap.uniform(256, 2).resized(3), False),  # resized since: the file is out of date
-    (SlotMap.uniform(256, 2).resized(3).resized(4), False),
-    (SlotMap.uniform(256, 1).resized(3), True),  # neither the map's count nor the first one
-    (SlotMap.uniform(128, 2).resized(3), True),
+    (SlotMap.uniform(256, 2).resized(3), False),  # resized since: the map's count is the job's
+    (SlotMap.uniform(256, 1).resized(3).resized(4), False),
+    (SlotMap.uniform(128, 2).resized(3), True),  # the slots never change
 ])
 def test_a_master_leads_only_with_the_shards_and_slots_of_the_jobs_slot_map(mapped, refused) -> None:
     reason = plan.layout_refused("j", slots=256, shards=2, mapped=mapped)
