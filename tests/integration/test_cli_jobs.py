@@ -234,9 +234,9 @@ def test_job_status_shows_the_queues_the_members_and_the_slots_each_shard_owns(s
         assert done.returncode == 0, done.stderr.decode()
         status = json.loads(done.stdout)
         assert status["job"] == config.name and status["queues"] == {"todo": 0, "pending": 0, "done": 0, "failed": 0}
-        assert status["slots"] == {"0": 128, "1": 128}
+        assert status["slots"] == {"0": 128, "1": 128} and status["epoch"] == 0
         text = " ".join(streamtrain(services, "job", "status", "--job", config.name).stdout.decode().split())
-        assert "slots 256 over 2 shards: 0:128 1:128" in text and "resizing" not in text, text
+        assert "slots 256 over 2 shards (epoch 0): 0:128 1:128" in text and "resizing" not in text, text
         assert status["resizing"] is None
         # A resize left half done (streamtrain/resizing.py): the status says so, and how to finish it.
         coord.put(EtcdKeys(config.name).control("resize"), ResizeRecord(3, "00000000000000000042", 1.0).to_json())

@@ -75,7 +75,12 @@ def write_examples(services: Endpoints, topic: str, values: list[bytes], partiti
     producer = Producer({"bootstrap.servers": services.kafka, "linger.ms": 20, "enable.idempotence": True})
     counts = dict.fromkeys(range(partitions), 0)
     for i, value in enumerate(values):
-        producer.produce(topic, value, partition=i % partitions)
+        while True:
+            try:
+                producer.produce(topic, value, partition=i % partitions)
+                break
+            except BufferError:
+                producer.poll(0.05)  # over 100,000 queued: let some go
         counts[i % partitions] += 1
     assert producer.flush(60) == 0, f"records to {topic} left undelivered"
     return counts
