@@ -1,7 +1,7 @@
 """The pause a resize causes: a job training bench.e2e's workload is resized once its shards
 hold `--rows` rows, and the time in which no task finished is measured.
 
-    python -m bench.resize_pause [--records 4000000] [--rows 1000000] [--to 3]
+    python -m bench.resize_pause [--records 12000000] [--rows 1000000] [--to 3]
                                  [--model widedeep] [--out report.json]
 
 The workload is `bench.e2e`'s (production-like CTR records as CSV on a 2-partition topic; Adam;
@@ -29,6 +29,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 
 from bench.e2e import MODELS, Workload, job_toml
 from bench.trainer_throughput import write_topic
+from streamtrain.producers.clickmodel import ClickModel, ClickModelConfig
 from streamtrain.infra import Endpoints, LocalServices, Ports
 from streamtrain.infra.clients import redis_client
 from streamtrain.local import LocalJob
@@ -37,6 +38,18 @@ from streamtrain.schemas.config import JobConfig
 
 BEFORE_S = 60.0  # the window before the resize that gives a task's usual gap
 AFTER_S = 20.0  # how long the job trains on after the resize
+CHUNK = 1_000_000  # records generated and written at a time: 1M rows take some 12M records
+
+
+def write_log(endpoints: Endpoints, topic: str, records: int) -> Workload:
+    """bench.e2e's workload, `records` of it on `topic`, generated and written CHUNK at a time
+    (all at once, 13M records did not fit in 24 GiB); returns the last chunk's Workload, whose
+    CSV columns are every chunk's."""
+    model = ClickModel(ClickModelConfig.production())
+    for start in range(0, records, CHUNK):
+        part = Workload(model, model.columns(min(CHUNK, records - start), start=start), model.columns(1, start=records))
+        write_topic(endpoints, topic, part.csv_lines())
+    return part
 
 
 def shard_rows(redis_conn, job: str, shards: int) -> int:
@@ -80,21 +93,20 @@ def longest_gap(times: list[float], start: float, end: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=4_000_000)
+    parser.add_argument("--records", type=int, default=12_000_000)
     parser.add_argument("--rows", type=int, default=1_000_000, help="resize once the shards hold this many rows")
     parser.add_argument("--to", type=int, default=3, help="the shard count to resize to (from 2)")
     parser.add_argument("--model", choices=sorted(MODELS), default="widedeep")
     parser.add_argument("--timeout-s", type=float, default=1800)
     parser.add_argument("--out", type=Path, help="also write the JSON report here")
     args = parser.parse_args()
-    work = Workload.make(args.records, 1000)
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         local = LocalServices(home / "services", Ports.free())
         local.up()
         try:
             topic = f"resize-{time.time_ns() % 10**9}"
-            write_topic(local.endpoints, topic, work.csv_lines())
+            work = write_log(local.endpoints, topic, args.records)
             name = f"resize-bench-{time.time_ns() % 10**9}"
             job_file = home / "job.toml"
             job_file.write_text(job_toml(name, topic, "csv", work, MODELS[args.model], home / "ckpt", {}))
