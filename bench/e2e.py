@@ -70,6 +70,7 @@ EMBEDDING_DIM = 8
 HASH_BUCKETS = 1 << 22
 BATCH = 512
 LEARNING_RATE = 0.01
+LOG_CHUNK = 1_000_000  # records generated and written at a time by `write_log`
 
 
 # -------------------------------------------------------------------------- the workload
@@ -98,6 +99,21 @@ class Workload:
 
     def json_records(self) -> list[bytes]:
         return [e.to_json() for e in examples(self.model, self.train)]
+
+
+def write_log(endpoints: Endpoints, topic: str, records: int, holdout: int, chunk: int = LOG_CHUNK) -> Workload:
+    """`Workload.make(records, holdout)`'s log written to a 2-partition `topic` as CSV without
+    holding it all: generated and written `chunk` records at a time (13M records at once did
+    not fit in 24 GiB; the records are the same, as a record depends only on its index). The
+    Workload returned has the holdout and no training records. `chunk` is even, so the log
+    alternates partitions as one `write_topic` call would."""
+    if chunk % 2:
+        raise ValueError(f"write_log: chunk {chunk} must be even")
+    model = ClickModel(ClickModelConfig.production())
+    for start in range(0, records, chunk):
+        part = Workload(model, model.columns(min(chunk, records - start), start=start), model.columns(0))
+        write_topic(endpoints, topic, part.csv_lines())
+    return Workload(model, model.columns(0, start=records), model.columns(holdout, start=records))
 
 
 def examples(model: ClickModel, c: ImpressionColumns) -> list[Example]:

@@ -27,9 +27,7 @@ from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-from bench.e2e import MODELS, Workload, job_toml
-from bench.trainer_throughput import write_topic
-from streamtrain.producers.clickmodel import ClickModel, ClickModelConfig
+from bench.e2e import MODELS, job_toml, write_log
 from streamtrain.infra import Endpoints, LocalServices, Ports
 from streamtrain.infra.clients import redis_client
 from streamtrain.local import LocalJob
@@ -38,18 +36,6 @@ from streamtrain.schemas.config import JobConfig
 
 BEFORE_S = 60.0  # the window before the resize that gives a task's usual gap
 AFTER_S = 20.0  # how long the job trains on after the resize
-CHUNK = 1_000_000  # records generated and written at a time: 1M rows take some 12M records
-
-
-def write_log(endpoints: Endpoints, topic: str, records: int) -> Workload:
-    """bench.e2e's workload, `records` of it on `topic`, generated and written CHUNK at a time
-    (all at once, 13M records did not fit in 24 GiB); returns the last chunk's Workload, whose
-    CSV columns are every chunk's."""
-    model = ClickModel(ClickModelConfig.production())
-    for start in range(0, records, CHUNK):
-        part = Workload(model, model.columns(min(CHUNK, records - start), start=start), model.columns(1, start=records))
-        write_topic(endpoints, topic, part.csv_lines())
-    return part
 
 
 def shard_rows(redis_conn, job: str, shards: int) -> int:
@@ -106,7 +92,7 @@ def main() -> None:
         local.up()
         try:
             topic = f"resize-{time.time_ns() % 10**9}"
-            work = write_log(local.endpoints, topic, args.records)
+            work = write_log(local.endpoints, topic, args.records, 1)  # 1M rows take some 12M records
             name = f"resize-bench-{time.time_ns() % 10**9}"
             job_file = home / "job.toml"
             job_file.write_text(job_toml(name, topic, "csv", work, MODELS[args.model], home / "ckpt", {}))
