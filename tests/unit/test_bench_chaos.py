@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from bench.chaos import (_PENDING, _UNKNOWN, Fault, Run, expected_counts, fault_log, first_at_or_above, is_back, ledger,
-                         recovery, schedule, trailing_rates)
+                         recovery, schedule, trailing_rates, under_schedule)
 from streamtrain.schemas import ShardStats
 
 
@@ -86,3 +86,25 @@ def test_the_fault_log_times_each_fault_from_the_run_start() -> None:
     assert fault_log(run) == [
         {"at_s": 5.0, "kind": "shard", "target": "1", "back_s": 3.5, "rate_s": 5.0},
         {"at_s": 10.0, "kind": "freeze master", "target": "master", "back_s": None, "rate_s": None}]
+
+
+def test_a_shard_hit_holding_a_million_rows_or_more_is_timed_apart_too() -> None:
+    applied = [(t, int(t * 100)) for t in np.arange(0.0, 20.0, 0.5)]
+    run = Run("job", 0.0, 20.0, applied, [
+        Fault("shard", "0", at=5.0, mark_kind="shard", back_at=7.0, rows=999_999),
+        Fault("shard", "1", at=9.0, mark_kind="shard", back_at=12.0, rows=1_000_000),
+        Fault("shard", "1", at=13.0, mark_kind="shard", back_at=14.0),  # rows unknown: Redis away
+    ])
+    out = recovery(run, reference_rate=100.0)
+    assert out["shard"]["count"] == 3
+    assert out["shard 1M+ rows"]["count"] == 1 and out["shard 1M+ rows"]["back_s"]["p50"] == 3.0
+    assert fault_log(run)[1]["rows"] == 1_000_000 and "rows" not in fault_log(run)[2]
+
+
+def test_the_rate_under_the_schedule_runs_from_the_first_fault_to_one_interval_after_the_last() -> None:
+    applied = [(t, int(t * 100) if t < 10 else 1000 + int((t - 10) * 50)) for t in np.arange(0.0, 30.0, 0.5)]
+    run = Run("job", 0.0, 30.0, applied, [Fault("trainer", "t0", at=10.0), Fault("shard", "0", at=16.0)])
+    assert under_schedule(run, every_s=4.0) == {"seconds": 10.0, "examples_per_s": 50}
+    assert under_schedule(Run("job", 0.0, 30.0, applied), every_s=4.0) is None
+    ended = Run("job", 0.0, 12.0, applied[:25], [Fault("trainer", "t0", at=10.0), Fault("shard", "0", at=16.0)])
+    assert under_schedule(ended, every_s=4.0)["seconds"] == 2.0  # the job finished before the schedule
