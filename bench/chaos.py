@@ -424,7 +424,7 @@ class Chaos:
                       before=_PENDING)
         if target_kind == "shard":
             mark = probe.mark("shard", target)
-            fault.rows = None if mark is _UNKNOWN else mark.rows
+            fault.rows = None if mark is _UNKNOWN else sum(mark.table_rows.values())
         if kind == "freeze":
             _signal(pid, signal.SIGSTOP)
             frozen.append((now + LEASE_S + FREEZE_PAST_LEASE_S, fault))
