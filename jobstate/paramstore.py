@@ -12,7 +12,7 @@ retry rather than handed initial values.
 Each round is appended, rows and values in one `PublishedRound`, to the shard's rounds stream
 (`st:{<job>:<shard>}:rounds`, the newest `ROUNDS_KEPT` or so), and the dense blocks are written
 at once. The row keys are written less often: a flush every so often
-(`pserver.publisher.FLUSH_EVERY_S`) writes the rows changed since the last one, each once, and
+(`pserver.publisher.flush_due`) writes the rows changed since the last one, each once, and
 marks its round in `st:{<job>:<shard>}:flushed`. A trainer follows the streams from a
 flush on (trainer/replica.py): it holds every row a round changed since, so the keys it reads
 are rows no round has changed since the flush, whose keys are current. Readers of the keys

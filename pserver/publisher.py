@@ -1,8 +1,8 @@
 """A shard's side of its parameters in Redis (the keys and streams: jobstate/paramstore.py):
 each round appends the rows it changed to the shard's rounds stream and writes the dense blocks;
-a flush every `FLUSH_EVERY_S` writes the rows changed since the last one to their keys, each
-once. Writing every round's rows to their keys was two thirds of Redis's CPU, and a row hot
-enough to change in most rounds was written in each of them."""
+a flush every `FLUSH_EVERY_S` (up to `FLUSH_BUSY_S` under load) writes the rows changed since
+the last one to their keys, each once. Writing every round's rows to their keys was two thirds
+of Redis's CPU, and a row hot enough to change in most rounds was written in each of them."""
 
 from __future__ import annotations
 
@@ -25,6 +25,14 @@ _CHUNK = 8192  # keys per MSET: large enough to amortise, small enough not to st
 # How often the row keys are brought up to date. Longer writes fewer keys (a hot row once per
 # flush, not once per round) and leaves key-only readers further behind.
 FLUSH_EVERY_S = 0.25
+# The next flush waits at least as long as the last one's keys take at FLUSH_KEYS_PER_S, and at
+# most FLUSH_BUSY_S: a busy shard writes its keys once a second, a light stream's stay a quarter
+# second fresh. Under load the quarter-second flush was most of Redis's CPU, and over a second
+# the e2e workload's Zipf ids change 1.18 distinct rows a record against 1.74 over a quarter
+# (bench/RESULTS.md). Keys, not row changes, are what a flush costs Redis, whatever the
+# machine's speed.
+FLUSH_KEYS_PER_S = 16384
+FLUSH_BUSY_S = 1.0
 # Rows changed since the last flush that force one early: bounds the ids kept meanwhile.
 FLUSH_MAX_ROWS = 1 << 20
 
@@ -34,12 +42,19 @@ FLUSH_MAX_ROWS = 1 << 20
 FLUSH_MAX_ROUNDS = ROUNDS_KEPT // 4
 
 
-def flush_due(since_s: float, dirty_rows: int, rounds: int, every_s: float = FLUSH_EVERY_S,
-              max_rows: int = FLUSH_MAX_ROWS, max_rounds: int = FLUSH_MAX_ROUNDS) -> bool:
+def flush_due(since_s: float, dirty_rows: int, rounds: int, last_keys: int = 0, every_s: float = FLUSH_EVERY_S,
+              keys_per_s: float = FLUSH_KEYS_PER_S, busy_s: float = FLUSH_BUSY_S, max_rows: int = FLUSH_MAX_ROWS,
+              max_rounds: int = FLUSH_MAX_ROUNDS) -> bool:
     """Whether a publish round also writes the rows changed since the last flush to their
     keys: some are waiting, for long enough or enough of them; or the last flush is so many
-    rounds back that it must move up, changed rows or not."""
-    return rounds >= max_rounds or (dirty_rows > 0 and (since_s >= every_s or dirty_rows >= max_rows))
+    rounds back that it must move up, changed rows or not. Long enough is `every_s`, or as
+    long as the last flush's `last_keys` take at `keys_per_s` if that is longer, up to
+    `busy_s`."""
+    if rounds >= max_rounds:
+        return True
+    if dirty_rows == 0:
+        return False
+    return since_s >= min(busy_s, max(every_s, last_keys / keys_per_s)) or dirty_rows >= max_rows
 
 
 @dataclass(frozen=True)
@@ -73,6 +88,7 @@ class Publisher:
         self._dirty: dict[str, list[np.ndarray]] = {}  # per table, ids changed since the last flush
         self._dirty_rows = 0
         self._flushed_at = time.monotonic()
+        self._flushed_keys = 0  # how many rows the last flush wrote
         self._flush_round = 0  # the round of the last flush
 
     @property
@@ -86,7 +102,8 @@ class Publisher:
         return self._dirty_rows
 
     def flush_due(self) -> bool:
-        return flush_due(time.monotonic() - self._flushed_at, self._dirty_rows, self._round - self._flush_round)
+        return flush_due(time.monotonic() - self._flushed_at, self._dirty_rows, self._round - self._flush_round,
+                         self._flushed_keys)
 
     def snapshot(self, state: ShardState, changes: Changes, flush: bool | None = None,
                  reset: bool = False) -> Snapshot:
@@ -107,6 +124,7 @@ class Publisher:
         dirty = {table: parts[0] if len(parts) == 1 else np.unique(np.concatenate(parts))
                  for table, parts in self._dirty.items()}
         self._dirty, self._dirty_rows, self._flushed_at = {}, 0, time.monotonic()
+        self._flushed_keys = sum(map(len, dirty.values()))
         return Snapshot(rows, blocks, _gather(state, dirty), flush=True)
 
     def send(self, snapshot: Snapshot, applied: dict[str, int] | None = None, reset: bool = False) -> int:

@@ -6,21 +6,27 @@ import pytest
 from streamtrain.jobstate.optimizers import SGD
 from streamtrain.jobstate.paramstore import stream_id
 from streamtrain.schemas import FlushMark
-from streamtrain.pserver.publisher import FLUSH_EVERY_S, FLUSH_MAX_ROUNDS, FLUSH_MAX_ROWS, Publisher, flush_due
+from streamtrain.pserver.publisher import (FLUSH_BUSY_S, FLUSH_EVERY_S, FLUSH_KEYS_PER_S, FLUSH_MAX_ROUNDS,
+                                          FLUSH_MAX_ROWS, Publisher, flush_due)
 from streamtrain.pserver.state import Changes, ShardState
 from streamtrain.schemas import GradientDelta, SparseRows, TaskRecord
 
 
-@pytest.mark.parametrize("since_s, dirty, rounds, due", [
-    (0.0, 0, 0, False),
-    (FLUSH_EVERY_S * 10, 0, 3, False),  # nothing changed: the keys are current
-    (FLUSH_EVERY_S - 0.01, 500, 3, False),
-    (FLUSH_EVERY_S, 1, 3, True),
-    (0.0, FLUSH_MAX_ROWS, 3, True),  # enough rows waiting
-    (0.0, 0, FLUSH_MAX_ROUNDS, True),  # the last flush must stay in the stream for followers
+@pytest.mark.parametrize("since_s, dirty, rounds, last_keys, due", [
+    (0.0, 0, 0, 0, False),
+    (FLUSH_EVERY_S * 10, 0, 3, 0, False),  # nothing changed: the keys are current
+    (FLUSH_EVERY_S - 0.01, 500, 3, 0, False),
+    (FLUSH_EVERY_S, 1, 3, 0, True),
+    (FLUSH_EVERY_S, 1, 3, FLUSH_KEYS_PER_S * FLUSH_EVERY_S, True),  # a light stream: a quarter second fresh
+    (FLUSH_EVERY_S, 1, 3, FLUSH_KEYS_PER_S * 0.5, False),  # a larger last flush spaces the next
+    (0.5, 1, 3, FLUSH_KEYS_PER_S * 0.5, True),
+    (FLUSH_BUSY_S - 0.01, 1, 3, FLUSH_KEYS_PER_S * 10, False),
+    (FLUSH_BUSY_S, 1, 3, FLUSH_KEYS_PER_S * 10, True),  # but keys are never more than a second behind
+    (0.0, FLUSH_MAX_ROWS, 3, FLUSH_KEYS_PER_S * 10, True),  # enough rows waiting
+    (0.0, 0, FLUSH_MAX_ROUNDS, 0, True),  # the last flush must stay in the stream for followers
 ])
-def test_a_flush_is_due_when_rows_have_waited_long_enough_or_pile_up(since_s, dirty, rounds, due) -> None:
-    assert flush_due(since_s, dirty, rounds) is due
+def test_a_flush_is_due_when_rows_have_waited_long_enough_or_pile_up(since_s, dirty, rounds, last_keys, due) -> None:
+    assert flush_due(since_s, dirty, rounds, last_keys) is due
 
 
 def test_a_flush_mark_names_its_round_by_stream_id_and_epoch() -> None:
