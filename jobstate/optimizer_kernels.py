@@ -106,7 +106,3 @@ def ftrl_at(table, z, n, at, grads, steps, alpha, beta, l1, l2, out):
             table[r, j] = w
             if keep:
                 out[i, j] = w
-
-
-def all_positions(n: int) -> np.ndarray:
-    return np.arange(n, dtype=np.int64)

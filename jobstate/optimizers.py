@@ -31,12 +31,24 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
-from streamtrain.jobstate.optimizer_kernels import NO_OUT, adagrad_at, adam_at, all_positions, ftrl_at, sgd_at
 from streamtrain.schemas import StreamtrainError
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+NO_OUT = np.empty((0, 0), dtype=np.float32)  # `apply_at` keeps no copy of the new values
+
+
+def _kernels() -> ModuleType:
+    """optimizer_kernels.py, imported at the first update: importing numba is about a second of
+    a process's start, and a trainer at the defaults never runs a rule (trainer/groups.py)."""
+    from streamtrain.jobstate import optimizer_kernels
+
+    return optimizer_kernels
 
 __all__ = [
     "Adagrad",
@@ -192,7 +204,7 @@ class _BuiltIn:
     def apply(self, rows: np.ndarray, grads: np.ndarray, state: Mapping[str, np.ndarray],
               steps: np.ndarray) -> None:
         check_batch(self, rows, grads, state, steps)
-        self.apply_at(rows, state, all_positions(len(rows)), grads, steps)
+        self.apply_at(rows, state, np.arange(len(rows), dtype=np.int64), grads, steps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +221,7 @@ class SGD(_BuiltIn):
 
     def apply_at(self, table: np.ndarray, state: Mapping[str, np.ndarray], at: np.ndarray,
                  grads: np.ndarray, steps: np.ndarray, out: np.ndarray = NO_OUT) -> None:
-        sgd_at(table, at, grads, _F32(self.lr), out)
+        _kernels().sgd_at(table, at, grads, _F32(self.lr), out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,8 +250,8 @@ class Adagrad(_BuiltIn):
 
     def apply_at(self, table: np.ndarray, state: Mapping[str, np.ndarray], at: np.ndarray,
                  grads: np.ndarray, steps: np.ndarray, out: np.ndarray = NO_OUT) -> None:
-        adagrad_at(table, state["accumulator"], at, grads, steps, _F32(self.lr), _F32(self.eps),
-                    _F32(self.initial_accumulator_value), out)
+        _kernels().adagrad_at(table, state["accumulator"], at, grads, steps, _F32(self.lr), _F32(self.eps),
+                              _F32(self.initial_accumulator_value), out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,8 +284,8 @@ class Adam(_BuiltIn):
                  grads: np.ndarray, steps: np.ndarray, out: np.ndarray = NO_OUT) -> None:
         # m = lerp(m, g, 1 - beta1), with torch's two-sided formula: exact (m = g) at beta1 = 0.
         weight = _F32(1.0 - self.beta1)
-        adam_at(table, state["exp_avg"], state["exp_avg_sq"], at, grads, steps, self.lr, self.beta1,
-                 self.beta2, weight, bool(weight < 0.5), _F32(1.0 - self.beta2), _F32(self.eps), out)
+        _kernels().adam_at(table, state["exp_avg"], state["exp_avg_sq"], at, grads, steps, self.lr, self.beta1,
+                           self.beta2, weight, bool(weight < 0.5), _F32(1.0 - self.beta2), _F32(self.eps), out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,8 +319,8 @@ class FTRL(_BuiltIn):
 
     def apply_at(self, table: np.ndarray, state: Mapping[str, np.ndarray], at: np.ndarray,
                  grads: np.ndarray, steps: np.ndarray, out: np.ndarray = NO_OUT) -> None:
-        ftrl_at(table, state["z"], state["n"], at, grads, steps, _F32(self.alpha), _F32(self.beta),
-                 _F32(self.l1), _F32(self.l2), out)
+        _kernels().ftrl_at(table, state["z"], state["n"], at, grads, steps, _F32(self.alpha), _F32(self.beta),
+                           _F32(self.l1), _F32(self.l2), out)
 
 
 # ------------------------------------------------------------------------------- make_rule
