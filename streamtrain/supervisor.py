@@ -7,6 +7,12 @@ supervisor, which then stops them in order: SIGTERM, a grace period, SIGKILL for
 Linux each child also asks the kernel for SIGTERM should the supervisor die without cleaning up
 (PR_SET_PDEATHSIG), so even a SIGKILLed demo leaves no stray process.
 
+A restart is handed to a warm spare when one is ready (streamtrain/spare.py): a process that
+has imported torch and the job's code already and becomes the restarted command at once. Most
+of a restarted trainer's recovery was its imports. One spare is kept, started `spare_after_s`
+after the last start, so that it does not compete with the children it would stand in for
+while they start.
+
 Not thread-safe: call `poll()` and `stop()` from the thread that called `start()` (the parent-death
 signal is tied to the thread that forked the child).
 """
@@ -14,6 +20,7 @@ signal is tied to the thread that forked the child).
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -24,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
+SPARE_AFTER_S = 5.0
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -84,15 +92,21 @@ class Supervisor:
 
     def __init__(self, env: Mapping[str, str], log_dir: Path, *, min_backoff_s: float = 1.0,
                  max_backoff_s: float = 30.0, healthy_after_s: float = 10.0,
-                 grace_s: float = 15.0) -> None:
+                 grace_s: float = 15.0, spare_after_s: float | None = SPARE_AFTER_S) -> None:
+        """`spare_after_s`: keep a warm spare, started that long after the last start (None:
+        none; every start is a new interpreter)."""
         self.env = {**os.environ, **env}
         self.log_dir = log_dir
         self.min_backoff_s = min_backoff_s
         self.max_backoff_s = max_backoff_s
         self.healthy_after_s = healthy_after_s
         self.grace_s = grace_s
+        self.spare_after_s = spare_after_s
         self.children: dict[str, Child] = {}
         self.stopping = False
+        self.spares_used = 0
+        self._spare: subprocess.Popen | None = None
+        self._started_at = float("-inf")  # the last start of a child or a spare
         log_dir.mkdir(parents=True, exist_ok=True)
 
     def add(self, name: str, args: Sequence[str] | Callable[[], Sequence[str]]) -> Child:
@@ -139,14 +153,52 @@ class Supervisor:
             log.write(f"--- {time.strftime('%H:%M:%S')} supervisor: starting {child.name} "
                       f"(restart {child.restarts}): streamtrain {' '.join(args)}\n".encode())
             log.flush()
-            child.proc = subprocess.Popen(
+            child.proc = self._from_spare(args, child.log_path) or subprocess.Popen(
                 [sys.executable, "-m", "streamtrain", *args], env=self.env,
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
         child.pids.append(child.proc.pid)
         child.state = "running"
-        child.started_at = time.monotonic()
+        child.started_at = self._started_at = time.monotonic()
+
+    def _from_spare(self, args: list[str], log_path: Path) -> subprocess.Popen | None:
+        """The spare, become `streamtrain ARGS` with its output to `log_path`; None if there
+        is no live one."""
+        spare, self._spare = self._spare, None
+        if spare is None or spare.poll() is not None:
+            return None
+        try:
+            spare.stdin.write(json.dumps({"args": args, "log": str(log_path)}).encode() + b"\n")
+            spare.stdin.close()
+        except OSError:  # it died just now
+            _signal(spare, signal.SIGKILL)
+            spare.wait()
+            return None
+        self.spares_used += 1
+        return spare
+
+    def _keep_spare(self, now: float) -> list[str]:
+        """Start a spare if none is waiting and nothing started for `spare_after_s`. One that
+        exited by itself (a broken environment) ends the spares: each start is then a new
+        interpreter, as without them."""
+        if self.spare_after_s is None:
+            return []
+        if self._spare is not None:
+            code = self._spare.poll()
+            if code is None:
+                return []
+            self._spare, self.spare_after_s = None, None
+            return [f"spare exited with {code} before it was used; no more spares (log: spare.log)"]
+        if now - self._started_at < self.spare_after_s:
+            return []
+        with open(self.log_dir / "spare.log", "ab") as log:
+            self._spare = subprocess.Popen(
+                [sys.executable, "-m", "streamtrain.spare"], env=self.env,
+                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        self._started_at = now
+        return []
 
     def poll(self) -> list[str]:
         """Notice exits and start due restarts; returns a line per event (for the view's log)."""
@@ -171,6 +223,7 @@ class Supervisor:
                               f"restarting in {child.backoff_s:.0f} s")
             if child.state == "restarting" and now >= child.restart_at:
                 child.restarts += 1
+                spares_used = self.spares_used
                 try:
                     self._spawn(child)
                 except Exception as exc:  # noqa: BLE001  a failed start is retried like a crash
@@ -178,13 +231,18 @@ class Supervisor:
                     child.restart_at = now + child.backoff_s
                     events.append(f"{child.name} could not start ({exc}); retrying in {child.backoff_s:.0f} s")
                     continue
-                events.append(f"{child.name} restarted (pid {child.proc.pid}, restart {child.restarts})")
-        return events
+                spare = ", the spare" if self.spares_used > spares_used else ""
+                events.append(f"{child.name} restarted (pid {child.proc.pid}, restart {child.restarts}{spare})")
+        return events + self._keep_spare(now)
 
     def stop(self) -> list[str]:
         """SIGTERM every running child, wait up to the grace period, SIGKILL the rest, reap all.
         Returns the names of the children that had to be killed."""
         self.stopping = True
+        spare, self._spare = self._spare, None
+        if spare is not None:  # it runs nothing yet: nothing to wind down
+            _signal(spare, signal.SIGKILL)
+            spare.wait(10)
         running = [c for c in self.children.values() if c.proc is not None and c.proc.poll() is None]
         for child in running:
             _signal(child.proc, signal.SIGTERM)

@@ -1,0 +1,54 @@
+"""The supervisor's warm spare (streamtrain/supervisor.py, streamtrain/spare.py): a restart
+becomes the spare, which runs the command with the child's log as its output; a spare that
+dies unused ends the spares; stopping kills the spare. The children are real
+`python -m streamtrain --help` processes, which exit at once; a spare imports torch first, so
+these take some seconds."""
+
+from __future__ import annotations
+
+import time
+
+from streamtrain.supervisor import Supervisor, pid_alive
+
+
+def _poll_until(supervisor: Supervisor, done, timeout_s: float = 90.0) -> list[str]:
+    events, deadline = [], time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, events
+        events += supervisor.poll()
+        time.sleep(0.05)
+    return events
+
+
+def test_a_restart_becomes_the_spare_which_runs_the_command_into_the_childs_log(tmp_path) -> None:
+    supervisor = Supervisor({}, tmp_path, min_backoff_s=0.0, spare_after_s=0.0)
+    try:
+        child = supervisor.add("trainer-0", ["--help"])
+        events = _poll_until(supervisor, lambda: supervisor.spares_used >= 1)
+        spare_pid = child.pids[-1]
+        assert any("the spare" in e for e in events), events
+        _poll_until(supervisor, lambda: child.pids[-1] != spare_pid)  # it ran and exited: restarted again
+        # The first run and the spare's each printed the command's help into the child's log.
+        assert child.log_path.read_text().count("Usage:") >= 2
+        assert "Usage:" not in (tmp_path / "spare.log").read_text()
+    finally:
+        supervisor.stop()
+
+
+def test_a_spare_that_dies_unused_ends_the_spares_and_stop_kills_a_waiting_one(tmp_path) -> None:
+    supervisor = Supervisor({}, tmp_path, min_backoff_s=30.0, spare_after_s=0.0)
+    try:
+        supervisor.add("master", ["--help"])
+        _poll_until(supervisor, lambda: supervisor._spare is not None)
+        supervisor._spare.kill()
+        events = _poll_until(supervisor, lambda: supervisor.spare_after_s is None)
+        assert any("no more spares" in e for e in events), events
+        assert supervisor._spare is None and supervisor.poll() == []
+    finally:
+        supervisor.stop()
+    other = Supervisor({}, tmp_path / "other", spare_after_s=0.0)
+    other.add("master", ["--help"])
+    _poll_until(other, lambda: other._spare is not None)
+    pid = other._spare.pid
+    other.stop()
+    assert not pid_alive(pid)
