@@ -25,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -106,6 +107,7 @@ class Supervisor:
         self.stopping = False
         self.spares_used = 0
         self._spare: subprocess.Popen | None = None
+        self._spare_err = None  # what a waiting spare writes to stderr (a temporary file)
         self._started_at = float("-inf")  # the last start of a child or a spare
         log_dir.mkdir(parents=True, exist_ok=True)
 
@@ -166,6 +168,7 @@ class Supervisor:
         """The spare, become `streamtrain ARGS` with its output to `log_path`; None if there
         is no live one."""
         spare, self._spare = self._spare, None
+        self._drop_spare_err()
         if spare is None or spare.poll() is not None:
             return None
         try:
@@ -189,16 +192,25 @@ class Supervisor:
             if code is None:
                 return []
             self._spare, self.spare_after_s = None, None
-            return [f"spare exited with {code} before it was used; no more spares (log: spare.log)"]
+            self._spare_err.seek(0)
+            said = self._spare_err.read().decode(errors="replace").strip().splitlines()[-1:]
+            self._drop_spare_err()
+            return [f"spare exited with {code} before it was used{': ' + said[0] if said else ''}; no more spares"]
         if now - self._started_at < self.spare_after_s:
             return []
-        with open(self.log_dir / "spare.log", "ab") as log:
-            self._spare = subprocess.Popen(
-                [sys.executable, "-m", "streamtrain.spare"], env=self.env,
-                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        # Not in the log directory, whose files are the children's; read back if it dies unused.
+        self._spare_err = tempfile.TemporaryFile()
+        self._spare = subprocess.Popen(
+            [sys.executable, "-m", "streamtrain.spare"], env=self.env,
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=self._spare_err, start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
         self._started_at = now
         return []
+
+    def _drop_spare_err(self) -> None:
+        if self._spare_err is not None:
+            self._spare_err.close()
+            self._spare_err = None
 
     def poll(self) -> list[str]:
         """Notice exits and start due restarts; returns a line per event (for the view's log)."""
@@ -243,6 +255,7 @@ class Supervisor:
         if spare is not None:  # it runs nothing yet: nothing to wind down
             _signal(spare, signal.SIGKILL)
             spare.wait(10)
+        self._drop_spare_err()
         running = [c for c in self.children.values() if c.proc is not None and c.proc.poll() is None]
         for child in running:
             _signal(child.proc, signal.SIGTERM)
