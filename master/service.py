@@ -174,7 +174,7 @@ class Master:
         self.lock.check()
         now = self.clock()
         # The rollback request rides in the same read: the master's round trips per step are
-        # what bounds how fast it folds (the 100k-task test's key count depends on it).
+        # what bounds how fast it folds (the 40k-task test's key count depends on it).
         pending, done, failed, trainers, ps, rollback, pause, checkpoint, desired = self.etcd.ranges([
             self.keys.tasks("pending"), self.keys.tasks("done"), self.keys.tasks("failed"),
             self.keys.trainers_prefix, self.keys.ps_prefix, self.keys.control("rollback"),
