@@ -152,8 +152,8 @@ def test_every_master_write_is_refused_once_another_master_holds_the_lock(
 @pytest.mark.timeout(900)
 def test_task_keys_stay_bounded_after_40k_tasks(services, topic_factory, unique, start_master) -> None:
     # 40,000 tasks: a history kept would be a hundred times the bound below, and tombstones
-    # left uncompacted halved the claim rate by then. 100,000 took 200 s on a fast day and over
-    # the 600 s below on a slow one (2026-11-27).
+    # left uncompacted halved the claim rate by then. 100,000 took 200 s on a fast day and
+    # several minutes on a slow one (2026-11-27).
     total = 40_000
     topic = topic_factory("endless", partitions=2)
     produce(services, topic, {0: total // 2, 1: total // 2})
