@@ -9,9 +9,12 @@ Linux each child also asks the kernel for SIGTERM should the supervisor die with
 
 A restart is handed to a warm spare when one is ready (streamtrain/spare.py): a process that
 has imported torch and the job's code already and becomes the restarted command at once. Most
-of a restarted trainer's recovery was its imports. One spare is kept, started `spare_after_s`
-after the last start, so that it does not compete with the children it would stand in for
-while they start.
+of a restarted trainer's recovery was its imports. `spares` of them are kept, each started
+`spare_after_s` after the last interpreter that began importing (a child started cold, or a
+spare), so that they do not compete with the children they would stand in for while those
+start, nor with each other. A restart that took a spare imports nothing: the next spare starts
+at once. One spare was not enough: on a busy machine a spare's imports take 5-10 s, and a
+second kill within that found it still importing (bench/RESULTS.md, 2026-11-27).
 
 Not thread-safe: call `poll()` and `stop()` from the thread that called `start()` (the parent-death
 signal is tied to the thread that forked the child).
@@ -33,6 +36,7 @@ from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
 SPARE_AFTER_S = 5.0
+SPARES = 2
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -87,15 +91,27 @@ def restart_backoff(previous_s: float, ran_s: float, returncode: int, *, min_s: 
     return min(previous_s * 2, max_s)
 
 
+def spare_due(now: float, importing_since: float, waiting: int, wanted: int, after_s: float) -> bool:
+    """Whether to start another spare: fewer than `wanted` wait, and the last interpreter that
+    began importing (a cold child start or a spare, at `importing_since`) did so `after_s` ago."""
+    return waiting < wanted and now - importing_since >= after_s
+
+
+@dataclass
+class _Spare:
+    proc: subprocess.Popen
+    err: object  # what it writes to stderr while it waits (a temporary file)
+
+
 class Supervisor:
     """Starts children as `python -m streamtrain ARGS`, with `env` added to this process's
     environment and stdout/stderr appended to `<log_dir>/<name>.log`."""
 
     def __init__(self, env: Mapping[str, str], log_dir: Path, *, min_backoff_s: float = 1.0,
                  max_backoff_s: float = 30.0, healthy_after_s: float = 10.0,
-                 grace_s: float = 15.0, spare_after_s: float | None = SPARE_AFTER_S) -> None:
-        """`spare_after_s`: keep a warm spare, started that long after the last start (None:
-        none; every start is a new interpreter)."""
+                 grace_s: float = 15.0, spare_after_s: float | None = SPARE_AFTER_S, spares: int = SPARES) -> None:
+        """`spares`: warm spares kept, each started `spare_after_s` after the last interpreter
+        began importing (`spare_after_s` None: none; every start is a new interpreter)."""
         self.env = {**os.environ, **env}
         self.log_dir = log_dir
         self.min_backoff_s = min_backoff_s
@@ -105,10 +121,10 @@ class Supervisor:
         self.spare_after_s = spare_after_s
         self.children: dict[str, Child] = {}
         self.stopping = False
+        self.spares = spares
         self.spares_used = 0
-        self._spare: subprocess.Popen | None = None
-        self._spare_err = None  # what a waiting spare writes to stderr (a temporary file)
-        self._started_at = float("-inf")  # the last start of a child or a spare
+        self._spares: list[_Spare] = []  # waiting, oldest (the likeliest ready) first
+        self._importing_since = float("-inf")  # the last cold start of a child or a spare
         log_dir.mkdir(parents=True, exist_ok=True)
 
     def add(self, name: str, args: Sequence[str] | Callable[[], Sequence[str]]) -> Child:
@@ -155,62 +171,70 @@ class Supervisor:
             log.write(f"--- {time.strftime('%H:%M:%S')} supervisor: starting {child.name} "
                       f"(restart {child.restarts}): streamtrain {' '.join(args)}\n".encode())
             log.flush()
-            child.proc = self._from_spare(args, child.log_path) or subprocess.Popen(
-                [sys.executable, "-m", "streamtrain", *args], env=self.env,
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+            child.proc = self._from_spare(args, child.log_path)
+            if child.proc is None:
+                child.proc = subprocess.Popen(
+                    [sys.executable, "-m", "streamtrain", *args], env=self.env,
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+                self._importing_since = time.monotonic()
         child.pids.append(child.proc.pid)
         child.state = "running"
-        child.started_at = self._started_at = time.monotonic()
+        child.started_at = time.monotonic()
 
     def _from_spare(self, args: list[str], log_path: Path) -> subprocess.Popen | None:
-        """The spare, become `streamtrain ARGS` with its output to `log_path`; None if there
-        is no live one."""
-        spare, self._spare = self._spare, None
-        self._drop_spare_err()
-        if spare is None or spare.poll() is not None:
-            return None
-        try:
-            spare.stdin.write(json.dumps({"args": args, "log": str(log_path)}).encode() + b"\n")
-            spare.stdin.close()
-        except OSError:  # it died just now
-            _signal(spare, signal.SIGKILL)
-            spare.wait()
-            return None
-        self.spares_used += 1
-        return spare
+        """The oldest live spare, become `streamtrain ARGS` with its output to `log_path`;
+        None if there is none."""
+        while self._spares:
+            spare = self._spares.pop(0)
+            spare.err.close()
+            if spare.proc.poll() is not None:
+                continue
+            try:
+                spare.proc.stdin.write(json.dumps({"args": args, "log": str(log_path)}).encode() + b"\n")
+                spare.proc.stdin.close()
+            except OSError:  # it died just now
+                _signal(spare.proc, signal.SIGKILL)
+                spare.proc.wait()
+                continue
+            self.spares_used += 1
+            return spare.proc
+        return None
 
-    def _keep_spare(self, now: float) -> list[str]:
-        """Start a spare if none is waiting and nothing started for `spare_after_s`. One that
-        exited by itself (a broken environment) ends the spares: each start is then a new
-        interpreter, as without them."""
+    def _keep_spares(self, now: float) -> list[str]:
+        """Start a spare if fewer than `spares` wait and no interpreter began importing for
+        `spare_after_s`. One that exited by itself (a broken environment) ends the spares:
+        each start is then a new interpreter, as without them."""
         if self.spare_after_s is None:
             return []
-        if self._spare is not None:
-            code = self._spare.poll()
-            if code is None:
-                return []
-            self._spare, self.spare_after_s = None, None
-            self._spare_err.seek(0)
-            said = self._spare_err.read().decode(errors="replace").strip().splitlines()[-1:]
-            self._drop_spare_err()
-            return [f"spare exited with {code} before it was used{': ' + said[0] if said else ''}; no more spares"]
-        if now - self._started_at < self.spare_after_s:
+        for spare in self._spares:
+            code = spare.proc.poll()
+            if code is not None:
+                spare.err.seek(0)
+                said = spare.err.read().decode(errors="replace").strip().splitlines()[-1:]
+                self._drop_spares()
+                self.spare_after_s = None
+                return [f"spare exited with {code} before it was used{': ' + said[0] if said else ''}; no more spares"]
+        if not spare_due(now, self._importing_since, len(self._spares), self.spares, self.spare_after_s):
             return []
         # Not in the log directory, whose files are the children's; read back if it dies unused.
-        self._spare_err = tempfile.TemporaryFile()
-        self._spare = subprocess.Popen(
+        err = tempfile.TemporaryFile()
+        proc = subprocess.Popen(
             [sys.executable, "-m", "streamtrain.spare"], env=self.env,
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=self._spare_err, start_new_session=True,
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
-        self._started_at = now
+        self._spares.append(_Spare(proc, err))
+        self._importing_since = now
         return []
 
-    def _drop_spare_err(self) -> None:
-        if self._spare_err is not None:
-            self._spare_err.close()
-            self._spare_err = None
+    def _drop_spares(self) -> None:
+        """Kill the waiting spares: they run nothing yet, so there is nothing to wind down."""
+        for spare in self._spares:
+            _signal(spare.proc, signal.SIGKILL)
+            spare.proc.wait(10)
+            spare.err.close()
+        self._spares = []
 
     def poll(self) -> list[str]:
         """Notice exits and start due restarts; returns a line per event (for the view's log)."""
@@ -245,17 +269,13 @@ class Supervisor:
                     continue
                 spare = ", the spare" if self.spares_used > spares_used else ""
                 events.append(f"{child.name} restarted (pid {child.proc.pid}, restart {child.restarts}{spare})")
-        return events + self._keep_spare(now)
+        return events + self._keep_spares(now)
 
     def stop(self) -> list[str]:
         """SIGTERM every running child, wait up to the grace period, SIGKILL the rest, reap all.
         Returns the names of the children that had to be killed."""
         self.stopping = True
-        spare, self._spare = self._spare, None
-        if spare is not None:  # it runs nothing yet: nothing to wind down
-            _signal(spare, signal.SIGKILL)
-            spare.wait(10)
-        self._drop_spare_err()
+        self._drop_spares()
         running = [c for c in self.children.values() if c.proc is not None and c.proc.poll() is None]
         for child in running:
             _signal(child.proc, signal.SIGTERM)

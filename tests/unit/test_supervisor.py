@@ -1,7 +1,7 @@
 """The supervisor (streamtrain/supervisor.py). Retiring a child: it is not restarted once it
-exits, and adding it again supervises it anew. The warm spare (streamtrain/spare.py): a restart
-becomes it and runs the command with the child's log as its output; a spare that dies unused
-ends the spares; stopping kills a waiting one. The children are real `python -m streamtrain
+exits, and adding it again supervises it anew. The warm spares (streamtrain/spare.py): a restart
+becomes one and runs the command with the child's log as its output; a spare that dies unused
+ends the spares; stopping kills the waiting ones; when the next one is due. The children are real `python -m streamtrain
 --help` processes, which exit at once; a spare imports torch first, so its tests take seconds."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from streamtrain.supervisor import Supervisor, pid_alive
+from streamtrain.supervisor import Supervisor, pid_alive, spare_due
 
 
 def _poll_until(supervisor: Supervisor, done, timeout_s: float = 90.0) -> list[str]:
@@ -68,20 +68,29 @@ def test_a_restart_becomes_the_spare_which_runs_the_command_into_the_childs_log(
         supervisor.stop()
 
 
-def test_a_spare_that_dies_unused_ends_the_spares_and_stop_kills_a_waiting_one(tmp_path) -> None:
-    supervisor = Supervisor({}, tmp_path, min_backoff_s=30.0, spare_after_s=0.0)
+def test_a_spare_that_dies_unused_ends_the_spares_and_stop_kills_the_waiting_ones(tmp_path) -> None:
+    supervisor = Supervisor({}, tmp_path, min_backoff_s=30.0, spare_after_s=0.0, spares=2)
     try:
         supervisor.add("master", ["--help"])
-        _poll_until(supervisor, lambda: supervisor._spare is not None)
-        supervisor._spare.kill()
+        _poll_until(supervisor, lambda: len(supervisor._spares) == 2)
+        survivor = supervisor._spares[1].proc
+        supervisor._spares[0].proc.kill()
         events = _poll_until(supervisor, lambda: supervisor.spare_after_s is None)
         assert any("no more spares" in e for e in events), events
-        assert supervisor._spare is None and supervisor.poll() == []
+        assert supervisor._spares == [] and supervisor.poll() == [] and survivor.poll() is not None
     finally:
         supervisor.stop()
-    other = Supervisor({}, tmp_path / "other", spare_after_s=0.0)
+    other = Supervisor({}, tmp_path / "other", spare_after_s=0.0, spares=2)
     other.add("master", ["--help"])
-    _poll_until(other, lambda: other._spare is not None)
-    pid = other._spare.pid
+    _poll_until(other, lambda: len(other._spares) == 2)
+    pids = [spare.proc.pid for spare in other._spares]
     other.stop()
-    assert not pid_alive(pid)
+    assert not any(pid_alive(pid) for pid in pids)
+
+
+def test_a_spare_is_due_when_fewer_wait_and_no_interpreter_began_importing_lately() -> None:
+    assert spare_due(now=10.0, importing_since=5.0, waiting=0, wanted=2, after_s=5.0)
+    assert spare_due(now=10.0, importing_since=5.0, waiting=1, wanted=2, after_s=5.0)
+    assert not spare_due(now=10.0, importing_since=5.0, waiting=2, wanted=2, after_s=5.0)  # enough
+    assert not spare_due(now=9.9, importing_since=5.0, waiting=0, wanted=2, after_s=5.0)  # one imports
+    assert not spare_due(now=10.0, importing_since=5.0, waiting=0, wanted=0, after_s=0.0)  # none wanted
