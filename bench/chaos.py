@@ -3,7 +3,7 @@ schedule; then the ledger is checked and recovery is timed.
 
     python -m bench.chaos [--profile ci|full] [--records N] [--passes N] [--every-s S]
                           [--faults trainer loader shard master freeze kafka etcd redis]
-                          [--clusters] [--seed N] [--out report.json]
+                          [--clusters] [--vocab-scale K] [--seed N] [--out report.json]
 
 The workload is `bench.e2e`'s (production-like CTR records as CSV on a 2-partition topic,
 WideDeep, Adam); the job's `[train]` and `[tasks]` keep their defaults. Its master, 2 shards and
@@ -565,6 +565,9 @@ def main() -> None:
                         help="fault kinds (default: the profile's)")
     parser.add_argument("--clusters", action="store_true",
                         help="run on 3 brokers, 3 etcd members and a Redis Cluster of 3 masters")
+    parser.add_argument("--vocab-scale", type=int, default=1,
+                        help="every field's vocabulary times this: more distinct ids, so larger shards "
+                             "(4M records at 10 give each of 2 shards about 1M rows)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout-s", type=float, default=7200)
     parser.add_argument("--out", type=Path, help="also write the JSON report here")
@@ -587,7 +590,7 @@ def main() -> None:
         local.up()
         try:
             topic = f"chaos-{time.time_ns() % 10**9}"
-            work = write_log(local.endpoints, topic, records, args.holdout)
+            work = write_log(local.endpoints, topic, records, args.holdout, vocab_scale=args.vocab_scale)
             chaos = Chaos(local, home, work, topic, records, passes)
             total = records * passes
             clean = chaos.run(f"chaos-clean-{time.time_ns() % 10**9}", [], every_s, args.timeout_s, args.seed)
@@ -603,6 +606,7 @@ def main() -> None:
     recovered = recovery(hit, clean_steady)  # times each fault's rate recovery, for the log too
     report = {
         "profile": args.profile, "clusters": args.clusters, "records": records, "passes": passes, "every_s": every_s, "seed": args.seed,
+        "vocab_scale": args.vocab_scale,
         "fault_free": {"wall_s": round(clean.wall_s, 1), "examples_per_s": round(total / clean.wall_s),
                        "steady_examples_per_s": round(clean_steady), **clean.auc,
                        "ledger": ledger(clean.stats, want)},

@@ -101,15 +101,17 @@ class Workload:
         return [e.to_json() for e in examples(self.model, self.train)]
 
 
-def write_log(endpoints: Endpoints, topic: str, records: int, holdout: int, chunk: int = LOG_CHUNK) -> Workload:
+def write_log(endpoints: Endpoints, topic: str, records: int, holdout: int, chunk: int = LOG_CHUNK,
+              vocab_scale: int = 1) -> Workload:
     """`Workload.make(records, holdout)`'s log written to a 2-partition `topic` as CSV without
     holding it all: generated and written `chunk` records at a time (13M records at once did
     not fit in 24 GiB; the records are the same, as a record depends only on its index). The
     Workload returned has the holdout and no training records. `chunk` is even, so the log
-    alternates partitions as one `write_topic` call would."""
+    alternates partitions as one `write_topic` call would. `vocab_scale`:
+    `ClickModelConfig.production`'s."""
     if chunk % 2:
         raise ValueError(f"write_log: chunk {chunk} must be even")
-    model = ClickModel(ClickModelConfig.production())
+    model = ClickModel(ClickModelConfig.production(vocab_scale=vocab_scale))
     for start in range(0, records, chunk):
         part = Workload(model, model.columns(min(chunk, records - start), start=start), model.columns(0))
         write_topic(endpoints, topic, part.csv_lines())

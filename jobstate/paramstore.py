@@ -126,7 +126,7 @@ class ParamClient:
     def flushed(self, shards: Iterable[int]) -> dict[int, FlushMark | None]:
         """Each shard's last flush (None: it has not published)."""
         raw = self.nodes.get_each({s: self._keys.flushed(s) for s in shards})
-        return {s: _flushed(v) for s, v in raw.items()}
+        return {s: flush_mark(v) for s, v in raw.items()}
 
     def _rounds(self, after: Mapping[int, bytes], reply) -> dict[int, list[Round]]:
         by_key = {self._keys.rounds(s).encode(): s for s in after}
@@ -210,7 +210,7 @@ class ParamClient:
             if read.values:
                 applied[read.shard] = AppliedSteps.from_json(head[1]).steps if head[1] else {}
             if read.rounds:
-                flushed[read.shard] = _flushed(head[-1])
+                flushed[read.shard] = flush_mark(head[-1])
             if read.blocks:
                 for i, raw in zip(read.blocks, reply[at]):
                     if raw is not None:
@@ -320,7 +320,7 @@ class PendingPull:
         return exc
 
 
-def _flushed(raw: bytes | None) -> FlushMark | None:
+def flush_mark(raw: bytes | None) -> FlushMark | None:
     """A flush mark as read; one that does not parse counts as none (the shard's next flush
     writes a good one)."""
     try:

@@ -29,7 +29,7 @@ second it happens every `k / r` seconds.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -88,11 +88,16 @@ class ClickModelConfig:
     interaction_rank: int = 4
 
     @classmethod
-    def production(cls, seed: int = 7, drift_every: int = 250_000) -> ClickModelConfig:
+    def production(cls, seed: int = 7, drift_every: int = 250_000, vocab_scale: int = 1) -> ClickModelConfig:
         """Like production CTR logs: 8 fields (vocabularies 10^3 to 10^6, Zipf ids), 4 dense
         features, an ad x site interaction, drift every `drift_every` impressions. Base CTR
-        about 0.26."""
-        return cls(seed=seed, fields=PRODUCTION_FIELDS, dense_weights=(0.5, -0.35, 0.25, -0.2), bias=-1.55,
+        about 0.26. `vocab_scale` multiplies every vocabulary: the same shape with more
+        distinct ids, for a shard of a million rows from a few million records (12M records
+        at scale 1 give two shards about 500k rows each; 4M at scale 10, about 1M)."""
+        if vocab_scale < 1:
+            raise ValueError(f"vocab_scale must be >= 1, got {vocab_scale}")
+        fields = tuple(replace(f, cardinality=f.cardinality * vocab_scale) for f in PRODUCTION_FIELDS)
+        return cls(seed=seed, fields=fields, dense_weights=(0.5, -0.35, 0.25, -0.2), bias=-1.55,
                    drift_every=drift_every, drift_fraction=0.1, interaction=("ad", "site"),
                    interaction_std=1.0)
 

@@ -69,17 +69,18 @@ class CheckpointStore:
     # -- writing -------------------------------------------------------------------------
     def save(self, state: ShardState, grad_offsets: dict[str, int], input_watermarks: dict[str, int],
              slots: tuple[int, ...], checkpoint_id: str | None = None, keep_also: Collection[str] = (),
-             *, epoch: int = 0) -> CheckpointManifest:
+             *, epoch: int = 0, published: tuple[int, int] = (0, 0)) -> CheckpointManifest:
         """Write a checkpoint of the shard's `slots` under slot map `epoch`; `checkpoint_id`
         names a job-wide one every shard writes on request (ids must sort by time: the newest
         complete one is loaded on restart). Only the newest `keep` are kept, and those in
-        `keep_also` (the job's rollback target)."""
+        `keep_also` (the job's rollback target). `published`: the manifest's
+        (`published_epoch`, `published_round`)."""
         checkpoint_id = checkpoint_id or new_checkpoint_id()
         directory = f"{self.root}/{checkpoint_id}"
         self.fs.create_dir(directory, recursive=True)
         files = [self._write(directory, name, blob) for name, blob in _snapshot(state).items()]
         manifest = CheckpointManifest(checkpoint_id, self.job, self.shard, time.time(), state.rule.name,
-                                      tuple(files), grad_offsets, input_watermarks, slots, epoch)
+                                      tuple(files), grad_offsets, input_watermarks, slots, epoch, *published)
         self._write(directory, MANIFEST + ".tmp", manifest.to_json())
         # The rename is the commit point (atomic on local and HDFS filesystems; object stores
         # have no partial objects, so a missing manifest is the only failure they show).

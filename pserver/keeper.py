@@ -35,12 +35,14 @@ class CheckpointKeeper:
         self.slots, self.epoch = slot_map.slots_of(self.index), slot_map.epoch
 
     def take(self, state: ShardState, offsets: dict[str, int], checkpoint_id: str | None = None,
-             keep_also: tuple[str, ...] = ()) -> str:
+             keep_also: tuple[str, ...] = (), published: tuple[int, int] = (0, 0)) -> str:
         """Write `state` resuming at `offsets` (gradient topic -> offset) and register it;
-        returns its id."""
+        returns its id. `published`: where its changes are in the rounds stream
+        (`BackgroundPublisher.position`)."""
         started = time.monotonic()
         manifest = self.store.save(state, offsets, state.dedup.watermarks(), self.slots, checkpoint_id,
-                                   keep_also=(*keep_also, *self._rollback_target()), epoch=self.epoch)
+                                   keep_also=(*keep_also, *self._rollback_target()), epoch=self.epoch,
+                                   published=published)
         self.latest = manifest.checkpoint_id
         self.count += 1
         (resume,) = offsets.values()

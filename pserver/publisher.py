@@ -15,7 +15,7 @@ import numpy as np
 import redis
 
 from streamtrain.jobstate import resp
-from streamtrain.jobstate.paramstore import ROUNDS_FIELD, ROUNDS_KEPT, stream_id
+from streamtrain.jobstate.paramstore import ROUNDS_FIELD, ROUNDS_KEPT, flush_mark, stream_id
 from streamtrain.jobstate.redisnodes import Client, ShardNodes, moved
 from streamtrain.pserver.state import Changes, ShardState
 from streamtrain.schemas import (AppliedSteps, FlushMark, ParamBlock, PublishedRound, RedisKeys, RoundRows,
@@ -55,6 +55,14 @@ def flush_due(since_s: float, dirty_rows: int, rounds: int, last_keys: int = 0, 
     if dirty_rows == 0:
         return False
     return since_s >= min(busy_s, max(every_s, last_keys / keys_per_s)) or dirty_rows >= max_rows
+
+
+def flushed_through(mark: FlushMark | None, epoch: int, round_: int) -> bool:
+    """Whether the row keys hold every row as of round `round_` of the rounds stream's `epoch`
+    or later, by the shard's last flush `mark`: a flush of that epoch at that round or after
+    wrote every row the rounds up to it changed. Round 0 is none: nothing is known. Another
+    epoch's mark says nothing: a reset (a restart that wrote everything, a rollback) began it."""
+    return round_ > 0 and mark is not None and mark.epoch == epoch and mark.round >= round_
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,18 @@ class Publisher:
     def unflushed_rows(self) -> int:
         """Rows changed since the last flush: in rounds, not yet in their keys."""
         return self._dirty_rows
+
+    def position(self) -> tuple[int, int]:
+        """(the rounds stream's epoch, the rounds of it sent so far)."""
+        return self._epoch, self._round
+
+    def flushed_version(self, epoch: int, round_: int) -> int | None:
+        """The shard's version if Redis's row keys hold every row as of round `round_` of
+        `epoch` (`flushed_through`), else None."""
+        raw_mark, raw_version = self.node.mget(self._keys.flushed(self.shard), self._keys.version(self.shard))
+        if raw_version is None or not flushed_through(flush_mark(raw_mark), epoch, round_):
+            return None
+        return int(raw_version)
 
     def flush_due(self) -> bool:
         return flush_due(time.monotonic() - self._flushed_at, self._dirty_rows, self._round - self._flush_round,

@@ -69,6 +69,9 @@ class BackgroundPublisher:
         self.error: BaseException | None = None
         self._pending = _Pending()
         self._everything = True
+        # A restarted shard's checkpoint position (`resume`): its first round may write only
+        # the rows changed since, if the keys hold the rest.
+        self._resume: tuple[int, int] | None = None
         self._applied: dict[str, int] = {}  # trainer id -> newest step applied
         self._applied_changed = False
         self._wake = threading.Event()
@@ -94,6 +97,26 @@ class BackgroundPublisher:
         """The barrier's steps document (`BarrierSteps`), to write after the next round's send (with the
         state lock held)."""
         self._note = steps
+
+    def position(self) -> tuple[int, int]:
+        """Where every change applied so far is, or will be, in the rounds stream: (epoch,
+        round), the round numbered at most that (`CheckpointManifest.published_round`); (0, 0)
+        when everything is to be written again in a new epoch. Called between applies; waits
+        out a round on the wire, after which the changes not in a round sent are all in the
+        next one."""
+        with self.round_lock:
+            if self._everything:
+                return 0, 0
+            epoch, sent = self.publisher.position()
+            return epoch, sent + bool(self._pending.rows or self._pending.blocks)
+
+    def resume(self, epoch: int, round_: int) -> None:
+        """A restart from a checkpoint taken at `position` (epoch, round): the first round
+        writes to the keys only the rows changed since start-up (by the replay) if Redis's
+        keys were flushed through that round of that epoch, which holds every other row at
+        its checkpointed value; otherwise every row, as without. At a million rows writing
+        every key was the largest part of a shard's restart (bench/RESULTS.md)."""
+        self._resume = (epoch, round_)
 
     def republish(self) -> None:
         """Everything, next round (with the state lock held)."""
@@ -157,9 +180,19 @@ class BackgroundPublisher:
                 log.warning("shard %d: version key gone from Redis; republishing everything",
                             self.publisher.shard)
                 self._everything = True
+        resume, self._resume = self._resume, None
+        kept = None  # the version Redis had, if its keys hold the rows the replay did not change
+        if resume is not None and self._everything:
+            kept = self.publisher.flushed_version(*resume)
         with self.lock:
             everything = self._everything
-            changes = Publisher.everything(self.state) if everything else self._pending.take()
+            if not everything:
+                changes = self._pending.take()
+            elif kept is not None:
+                changes = self._pending.take() or Changes()
+                changes.blocks = set(self.state.dense)
+            else:
+                changes = Publisher.everything(self.state)
             if everything:
                 self._pending, self._everything = _Pending(), False
             note, self._note = self._note, None
@@ -188,7 +221,13 @@ class BackgroundPublisher:
         self.rows += snapshot.size
         if everything:
             self.republished += 1
-        elif self.version is not None and version != self.version + 1:
+            log.info("shard %d: wrote %d row keys of %d (%s)", self.publisher.shard,
+                     sum(len(ids) for _, ids, _ in snapshot.keys),
+                     sum(t.size for t in self.state.tables.values()),
+                     "the rest were in Redis as of the checkpoint" if kept is not None else "all")
+        if kept is not None and version != kept + 1:
+            self._everything = True  # Redis lost its data since it was read: write every row
+        elif not everything and self.version is not None and version != self.version + 1:
             self._everything = True  # the version restarted: Redis lost its data around this write
         self.version = version
         if note is not None:

@@ -2,8 +2,10 @@
 
 Start-up is recovery: take the shard index in etcd, load the newest complete checkpoint, seek
 the gradient topic to the offset it saved, replay up to the last stable offset seen at start
-(publishing nothing meanwhile), then publish every row and block and serve. Replaying is the
-same code path as serving, so a restarted shard ends where an unkilled one would: the same
+(publishing nothing meanwhile), then publish every row and block and serve. Every row, unless
+Redis's keys still hold the checkpoint's rows (its predecessor flushed them, and nothing reset
+the keys since): then only the rows the replay changed (publishing.py `resume`). Replaying is
+the same code path as serving, so a restarted shard ends where an unkilled one would: the same
 deltas in the same total order (one partition per shard topic) through the same dedup ledger.
 
 The parts: reading the gradient topic (gradlog.py), the state and its update rule (state.py),
@@ -205,6 +207,8 @@ class PserverShard:
         publishing = BackgroundPublisher(Publisher(redis_conn, config.name, index), self.state,
                                          self.lock, self.options.publish_interval_s,
                                          self.options.housekeeping_s, metrics.publish_seconds)
+        if restored is not None:
+            publishing.resume(restored.manifest.published_epoch, restored.manifest.published_round)
         self.parts = ShardParts(config=config, etcd=etcd, redis=redis_conn, metrics=metrics, grads=grads,
                                 checkpoints=checkpoints, controller=controller, publishing=publishing)
         return resume
@@ -379,7 +383,8 @@ class PserverShard:
         # Deltas waiting at the sync barrier are consumed but not applied: resume before them.
         grads = self.parts.grads
         resume = self.barrier.applied_below(grads.next_offset)
-        return self.parts.checkpoints.take(self.state, {grads.topic: resume}, checkpoint_id, keep_also)
+        return self.parts.checkpoints.take(self.state, {grads.topic: resume}, checkpoint_id, keep_also,
+                                           published=self.parts.publishing.position())
 
     def catch_up(self) -> None:
         """Apply every delta written before now (a requested checkpoint must hold them)."""

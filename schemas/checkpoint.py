@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from . import _json
-from ._check import U32_MAX, Check, nested
+from ._check import U32_MAX, U64_MAX, Check, nested
 from .errors import SchemaError
 from .keys import partition_of
 
@@ -64,6 +64,12 @@ class CheckpointManifest:
     input_watermarks: Mapping[str, int]
     slots: tuple[int, ...]
     epoch: int = 0  # of the slot map the slots are from (manifests written before epochs: 0)
+    # Where the shard's publishing stood: every change this state holds was in a round numbered
+    # at most `published_round` of the rounds stream's epoch `published_epoch` (round 0: not
+    # known, as in manifests written before). A restart that finds Redis's row keys flushed
+    # through that round of that epoch need write only the rows its replay changes.
+    published_epoch: int = 0
+    published_round: int = 0
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -80,6 +86,8 @@ class CheckpointManifest:
         set_(self, "input_watermarks", _offsets("input_watermarks", self.input_watermarks, _topic_partition))
         set_(self, "slots", _slots(self.slots))
         set_(self, "epoch", _check.integer("epoch", self.epoch, hi=U32_MAX))
+        set_(self, "published_epoch", _check.integer("published_epoch", self.published_epoch, hi=U64_MAX))
+        set_(self, "published_round", _check.integer("published_round", self.published_round))
 
     def to_json(self) -> bytes:
         return _json.dumps(
@@ -95,6 +103,8 @@ class CheckpointManifest:
                 "input_watermarks": dict(self.input_watermarks),
                 "slots": list(self.slots),
                 "epoch": self.epoch,
+                "published_epoch": self.published_epoch,
+                "published_round": self.published_round,
             }
         )
 
@@ -126,6 +136,8 @@ class CheckpointManifest:
             input_watermarks=_json.obj(_check, get("input_watermarks"), "input_watermarks"),
             slots=tuple(_json.array(_check, get("slots"), "slots")),
             epoch=_json.field(_check, doc, "epoch", 0),
+            published_epoch=_json.field(_check, doc, "published_epoch", 0),
+            published_round=_json.field(_check, doc, "published_round", 0),
         )
 
 

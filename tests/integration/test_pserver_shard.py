@@ -21,7 +21,7 @@ from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.pserver.shard import PserverShard, ShardOptions
 from streamtrain.pserver.state import ShardState
 from streamtrain.schemas import (CheckpointRequest, DeadLetter, DenseSlice, EtcdKeys, GradientDelta, PartitionCursor, RedisKeys,
-                                 SparseRows, TaskRecord, Topics)
+                                 SparseRows, TaskRecord, Topics, encode_rows_matrix)
 
 pytestmark = pytest.mark.services
 
@@ -213,6 +213,60 @@ def test_a_rerun_committed_after_a_checkpoint_and_a_restart_is_applied_once(serv
         ref = reference(first + rerun + later).tables[TABLE]
         rows, _ = params(redis_conn, job)
         np.testing.assert_allclose(rows[ref.ids[:ref.size].astype(np.int64)], ref.values[:ref.size], atol=1e-6)
+        shard.close()
+    finally:
+        coord.close()
+
+
+def test_a_restart_writes_only_the_rows_its_replay_changed_while_redis_holds_the_rest(
+        services, redis_conn, unique, tmp_path) -> None:
+    """A restarted shard finds the row keys flushed through its checkpoint's round: it writes
+    the rows its replay changed and leaves the others, which a marker written into one of
+    them shows. Once the keys belong to no known round (their flush mark gone, as after a
+    reset), the next restart writes every row again."""
+    job = unique("psresume")
+    keys = RedisKeys(job)
+    coord = Etcd.connect(services)
+    try:
+        publish_job(coord, make_config(job, tmp_path / "ckpt"))
+        ensure_topics(services, [TopicSpec(Topics(job).grad(0))])
+        writer = TxnWriter(services, Topics(job).grad(0))
+        first = [delta(1, g, seed=g).to_bytes() for g in range(5)]
+        writer.write(first)
+        shard = ShardThread(services, ShardOptions(job, 0, lease_ttl_s=2))
+        wait_for(lambda: caught_up(services, redis_conn, job), 30, "first deltas applied")
+        coord.put(EtcdKeys(job).control("checkpoint"), CheckpointRequest("manual-1").to_json())
+        wait_for(lambda: coord.get(EtcdKeys(job).checkpoint_shard("manual-1", 0)) is not None, 30,
+                 "requested checkpoint registered")
+        shard.close()
+        later = [delta(2, 0, seed=7, rows=20).to_bytes()]
+        changed = set(GradientDelta.from_bytes(later[0]).sparse[0].ids.tolist())
+        held = reference(first).tables[TABLE]
+        kept = next(int(i) for i in held.ids[:held.size] if int(i) not in changed)
+        marker = np.full((1, DIM), 42.0, dtype=np.float32)
+
+        def mark_kept_row() -> None:
+            (key,) = keys.rows(0, TABLE, np.array([kept], dtype=np.uint64))
+            redis_conn.set(key, encode_rows_matrix(marker)[0].tobytes())
+
+        mark_kept_row()
+        writer.write(later)
+        shard = ShardThread(services, ShardOptions(job, 0, lease_ttl_s=2))
+        wait_for(lambda: caught_up(services, redis_conn, job), 30, "restarted shard caught up")
+        shard.close()
+        ref = reference(first + later).tables[TABLE]
+        ref_ids = ref.ids[:ref.size].astype(np.int64)
+        rows, _ = params(redis_conn, job)
+        np.testing.assert_array_equal(rows[kept], marker[0])  # not written again
+        others = ref_ids != kept
+        np.testing.assert_allclose(rows[ref_ids[others]], ref.values[:ref.size][others], atol=1e-6)
+
+        mark_kept_row()
+        redis_conn.delete(keys.flushed(0), keys.stats(0))  # stats: the last shard's said caught up
+        shard = ShardThread(services, ShardOptions(job, 0, lease_ttl_s=2))
+        wait_for(lambda: caught_up(services, redis_conn, job), 30, "shard restarted again caught up")
+        rows, _ = params(redis_conn, job)
+        np.testing.assert_allclose(rows[ref_ids], ref.values[:ref.size], atol=1e-6)  # every row written
         shard.close()
     finally:
         coord.close()

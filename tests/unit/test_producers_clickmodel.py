@@ -115,6 +115,17 @@ def test_the_production_workload_has_the_documented_shape_ctr_and_ceiling():
     assert 0.82 <= model.best_auc(50_000) <= 0.86
 
 
+def test_a_scaled_production_workload_has_more_distinct_ids_of_the_same_shape():
+    base, scaled = ClickModelConfig.production(), ClickModelConfig.production(vocab_scale=10)
+    assert [f.cardinality * 10 for f in base.fields] == [f.cardinality for f in scaled.fields]
+    assert [f.zipf for f in base.fields] == [f.zipf for f in scaled.fields]
+    n = 20_000
+    distinct = [len(np.unique(ClickModel(c).columns(n).ids["user"])) for c in (base, scaled)]
+    assert distinct[1] > distinct[0] * 1.1  # 8,080 against 9,288 at this size; 2x at 4M records
+    with pytest.raises(ValueError, match="vocab_scale"):
+        ClickModelConfig.production(vocab_scale=0)
+
+
 def test_the_interaction_is_part_of_the_probability_and_a_pure_function_of_the_ids():
     config = ClickModelConfig.production(drift_every=0)
     with_it, without = ClickModel(config), ClickModel(ClickModelConfig(**{**config.__dict__, "interaction_std": 0.0}))

@@ -7,7 +7,7 @@ from streamtrain.jobstate.optimizers import SGD
 from streamtrain.jobstate.paramstore import stream_id
 from streamtrain.schemas import FlushMark
 from streamtrain.pserver.publisher import (FLUSH_BUSY_S, FLUSH_EVERY_S, FLUSH_KEYS_PER_S, FLUSH_MAX_ROUNDS,
-                                          FLUSH_MAX_ROWS, Publisher, flush_due)
+                                          FLUSH_MAX_ROWS, Publisher, flush_due, flushed_through)
 from streamtrain.pserver.state import Changes, ShardState
 from streamtrain.schemas import GradientDelta, SparseRows, TaskRecord
 
@@ -33,6 +33,19 @@ def test_a_flush_mark_names_its_round_by_stream_id_and_epoch() -> None:
     mark = FlushMark(stream_id(1795416671754, 37), 2**63 + 5, 37)
     assert mark.at == b"1795416671754-37"
     assert FlushMark.from_bytes(mark.to_bytes()) == mark
+
+
+@pytest.mark.parametrize("mark, epoch, round_, holds", [
+    (FlushMark(b"1-9", 7, 9), 7, 9, True),  # flushed at the round asked for
+    (FlushMark(b"1-12", 7, 12), 7, 9, True),  # or after it
+    (FlushMark(b"1-8", 7, 8), 7, 9, False),  # before it: the round's rows may not be in the keys
+    (FlushMark(b"1-30", 8, 30), 7, 9, False),  # another epoch: a reset began it since
+    (None, 7, 9, False),  # nothing published (a Redis that restarted empty)
+    (FlushMark(b"1-30", 7, 30), 7, 0, False),  # nothing known (a manifest written before marks)
+])
+def test_the_keys_hold_a_checkpoints_rows_only_if_flushed_through_its_round_of_its_epoch(
+        mark, epoch, round_, holds) -> None:
+    assert flushed_through(mark, epoch, round_) is holds
 
 
 def train(state: ShardState, seq: int, ids) -> Changes:

@@ -47,6 +47,8 @@ def small_doc() -> dict:
         "input_watermarks": {"clicks:0": 120000, "clicks:1": 98000},
         "slots": [1, 3, 5],
         "epoch": 2,
+        "published_epoch": 2**64 - 1,
+        "published_round": 1500,
     }
 
 
@@ -76,6 +78,13 @@ def test_a_manifest_written_before_epochs_reads_as_epoch_0():
     doc = small_doc()
     del doc["epoch"]
     assert CheckpointManifest.from_json(json.dumps(doc)).epoch == 0
+
+
+def test_a_manifest_written_before_publishing_positions_reads_as_none_known():
+    doc = small_doc()
+    del doc["published_epoch"], doc["published_round"]
+    manifest = CheckpointManifest.from_json(json.dumps(doc))
+    assert (manifest.published_epoch, manifest.published_round) == (0, 0)
 
 
 def test_offset_mappings_are_read_only():
@@ -143,7 +152,8 @@ def test_duplicate_file_paths_raise_schema_error():
     raises_naming("files[1].path", CheckpointManifest.from_json, json.dumps(doc))
 
 
-@pytest.mark.parametrize("key", [k for k in small_doc() if k != "epoch"])  # epoch: 0 if missing
+# epoch and the publishing position: 0 if missing
+@pytest.mark.parametrize("key", [k for k in small_doc() if k not in ("epoch", "published_epoch", "published_round")])
 def test_missing_json_key_raises_schema_error(key):
     doc = small_doc()
     del doc[key]
