@@ -46,7 +46,7 @@ def mset(prefix: bytes, ids: np.ndarray, values: np.ndarray) -> bytes:
     ndigits = np.searchsorted(_POW10[1:], ids, side="right") + 1
     parts = [b"*%d\r\n$4\r\nMSET\r\n" % (2 * n + 1)]
     middle = np.frombuffer(b"\r\n$%d\r\n" % size, dtype=np.uint8)
-    groups = np.unique(ndigits).tolist()
+    groups = np.flatnonzero(np.bincount(ndigits)).tolist()  # np.unique hashes: 10x slower here
     for d in groups:
         chosen = np.flatnonzero(ndigits == d) if len(groups) > 1 else slice(None)
         head = np.frombuffer(b"$%d\r\n%s" % (len(prefix) + d, prefix), dtype=np.uint8)

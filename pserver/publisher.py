@@ -17,6 +17,7 @@ import redis
 from streamtrain.jobstate import resp
 from streamtrain.jobstate.paramstore import ROUNDS_FIELD, ROUNDS_KEPT, flush_mark, stream_id
 from streamtrain.jobstate.redisnodes import Client, ShardNodes, moved
+from streamtrain.jobstate.rows import distinct
 from streamtrain.pserver.state import Changes, ShardState
 from streamtrain.schemas import (AppliedSteps, FlushMark, ParamBlock, PublishedRound, RedisKeys, RoundRows,
                                 encode_rows_matrix)
@@ -141,7 +142,7 @@ class Publisher:
             self._dirty_rows += len(ids)
         if not (self.flush_due() if flush is None else flush):
             return Snapshot(rows, blocks)
-        dirty = {table: parts[0] if len(parts) == 1 else np.unique(np.concatenate(parts))
+        dirty = {table: parts[0] if len(parts) == 1 else distinct(np.concatenate(parts))
                  for table, parts in self._dirty.items()}
         self._dirty, self._dirty_rows, self._flushed_at = {}, 0, time.monotonic()
         self._flushed_keys = sum(map(len, dirty.values()))

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import redis
 
+from streamtrain.jobstate.rows import distinct
 from streamtrain.pserver.publisher import Publisher, Snapshot
 from streamtrain.pserver.state import Changes, ShardState, newest
 
@@ -31,6 +32,11 @@ class _Pending:
             self.rows[table].append(ids)
             self.values[table].append(changes.values[table])
         self.blocks |= changes.blocks
+
+    def changed_rows(self) -> Changes:
+        """The ids changed, without their values (a reset reads them from the state): a
+        replay's pending values are every delta's rows, too many to join only to drop."""
+        return Changes(rows={table: distinct(np.concatenate(parts)) for table, parts in self.rows.items()})
 
     def take(self) -> Changes | None:
         if not self.rows and not self.blocks:
@@ -189,7 +195,7 @@ class BackgroundPublisher:
             if not everything:
                 changes = self._pending.take()
             elif kept is not None:
-                changes = self._pending.take() or Changes()
+                changes = self._pending.changed_rows()
                 changes.blocks = set(self.state.dense)
             else:
                 changes = Publisher.everything(self.state)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.observability import TrainerMetrics
+from streamtrain.jobstate.rows import distinct
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.trainer.features import Batch, pool
 from streamtrain.trainer.metrics import TaskMetrics
@@ -71,8 +72,8 @@ class GroupTrainer:
         layout = self.rows
         dense = self.since_dense is None or self.since_dense >= self.pull_every
         self.since_dense = len(batches) if dense else self.since_dense + len(batches)
-        distinct = [np.unique(batch.ids, return_inverse=True) for batch in batches]
-        ids = distinct[0][0] if len(batches) == 1 else np.unique(np.concatenate([u for u, _ in distinct]))
+        per_batch = [np.unique(batch.ids, return_inverse=True) for batch in batches]
+        ids = per_batch[0][0] if len(batches) == 1 else distinct(np.concatenate([u for u, _ in per_batch]))
         # Each row's shard, hashed once: the pull needs the shards' versions, the push splits by them.
         owners = self.slot_map.shard_of_rows(layout.name, ids) if layout.width else None
         request = {layout.name: layout.width} if layout.width else {}
@@ -84,7 +85,7 @@ class GroupTrainer:
         pulled = time.perf_counter()
         metrics.pull_s += pulled - started
         self.obs.pull_seconds.observe(pulled - started)
-        for (unique, inverse), batch in zip(distinct, batches):
+        for (unique, inverse), batch in zip(per_batch, batches):
             at = None if len(batches) == 1 else np.searchsorted(ids, unique)
             grads = self._step(batch, unique, inverse, values if at is None else values[at],
                                owners if at is None or owners is None else owners[at], metrics)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamtrain.jobstate.optimizers import make_rule
-from streamtrain.jobstate.rows import DIRECT_IDS, IdIndex, RowTable, initial_rows
+from streamtrain.jobstate.rows import DIRECT_IDS, IdIndex, RowTable, distinct, initial_rows
 
 
 @settings(max_examples=50, deadline=None)
@@ -112,3 +112,10 @@ def test_gradients_of_the_wrong_shape_are_refused_naming_the_table() -> None:
     rows = table.rows_for(np.array([1, 2], dtype=np.uint64))
     with pytest.raises(ValueError, match="table 'user'.*float32 \\(2, 4\\)"):
         table.update(rows, np.zeros((2, 3), dtype=np.float32), make_rule("sgd", lr=0.1))
+
+
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=300))
+def test_distinct_is_np_unique(values) -> None:
+    ids = np.array(values, dtype=np.uint64)
+    out = distinct(ids)
+    assert out.dtype == np.uint64 and np.array_equal(out, np.unique(ids))
