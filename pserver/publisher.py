@@ -58,12 +58,15 @@ def flush_due(since_s: float, dirty_rows: int, rounds: int, last_keys: int = 0, 
     return since_s >= min(busy_s, max(every_s, last_keys / keys_per_s)) or dirty_rows >= max_rows
 
 
-def flushed_through(mark: FlushMark | None, epoch: int, round_: int) -> bool:
+def flushed_through(mark: FlushMark | None, version: int, epoch: int, round_: int) -> bool:
     """Whether the row keys hold every row as of round `round_` of the rounds stream's `epoch`
-    or later, by the shard's last flush `mark`: a flush of that epoch at that round or after
-    wrote every row the rounds up to it changed. Round 0 is none: nothing is known. Another
-    epoch's mark says nothing: a reset (a restart that wrote everything, a rollback) began it."""
-    return round_ > 0 and mark is not None and mark.epoch == epoch and mark.round >= round_
+    or later, by the shard's last flush `mark` and its `version` in Redis now: a flush of that
+    epoch at that round or after wrote every row the rounds up to it changed, onto keys that
+    held the rest, unless Redis lost them before it (its version is then below the mark's:
+    it counted again from 1). Round 0 is none: nothing is known. Another epoch's mark says
+    nothing: a reset (a restart that wrote everything, a rollback) began it."""
+    return (round_ > 0 and mark is not None and mark.version is not None and version >= mark.version
+            and mark.epoch == epoch and mark.round >= round_)
 
 
 @dataclass(frozen=True)
@@ -118,7 +121,7 @@ class Publisher:
         """The shard's version if Redis's row keys hold every row as of round `round_` of
         `epoch` (`flushed_through`), else None."""
         raw_mark, raw_version = self.node.mget(self._keys.flushed(self.shard), self._keys.version(self.shard))
-        if raw_version is None or not flushed_through(flush_mark(raw_mark), epoch, round_):
+        if raw_version is None or not flushed_through(flush_mark(raw_mark), int(raw_version), epoch, round_):
             return None
         return int(raw_version)
 
@@ -148,12 +151,13 @@ class Publisher:
         self._flushed_keys = sum(map(len, dirty.values()))
         return Snapshot(rows, blocks, _gather(state, dirty), flush=True)
 
-    def send(self, snapshot: Snapshot, applied: dict[str, int] | None = None, reset: bool = False) -> int:
+    def send(self, snapshot: Snapshot, applied: dict[str, int] | None = None, reset: bool = False,
+             expect: int | None = None) -> int:
         """Write the snapshot's keys (a flush), then, in one transaction, its dense blocks,
         `applied` (`RedisKeys.applied`) if given, the round's `PublishedRound`, the flush's
-        mark and the version bump. Returns the new version. `reset`: the snapshot is
-        everything the shard holds; the round starts a new epoch of the stream and carries no
-        rows (readers drop theirs).
+        mark and the version bump. Returns the new version. `reset`: the round starts a new
+        epoch of the stream and carries no rows (readers drop theirs). `expect`: the version
+        the bump should return (`FlushMark.version`: 0 if the snapshot's keys are every row).
 
         A reader that reads `applied` and the values in one transaction
         (`ParamClient.send_pull`) finds a step counted as applied only once its rows and
@@ -199,7 +203,7 @@ class Publisher:
             queued += 1
             if snapshot.flush:
                 self._flush_round = self._round
-                mark = FlushMark(stream_id(self._major, self._round), self._epoch, self._round)
+                mark = FlushMark(stream_id(self._major, self._round), self._epoch, self._round, expect)
                 chunks.append(resp.command(b"SET", self._keys.flushed(self.shard).encode(), mark.to_bytes()))
                 queued += 1
             chunks += conn.pack_command("INCR", self._keys.version(self.shard))
@@ -253,7 +257,7 @@ class Publisher:
 
     def publish_all(self, state: ShardState) -> int:
         """Everything this shard holds (after a restart or a flushed Redis)."""
-        return self.send(self.snapshot(state, self.everything(state), reset=True), reset=True)
+        return self.send(self.snapshot(state, self.everything(state), reset=True), reset=True, expect=0)
 
     @staticmethod
     def everything(state: ShardState) -> Changes:

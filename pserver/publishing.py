@@ -167,8 +167,7 @@ class BackgroundPublisher:
                 if not failing:  # once, not every round until Redis (or a cluster's node) is back
                     log.warning("shard %d: publishing failed (%s); republishing everything once it can",
                                 self.publisher.shard, exc)
-                failing = True
-                self._everything = True
+                failing = True  # `round` has marked everything to be written again
             except BaseException as exc:  # surfaced by the serving loop, which stops the shard
                 self.error = exc
                 return
@@ -176,7 +175,12 @@ class BackgroundPublisher:
     def round(self, flush: bool | None = None) -> None:
         """Publish what changed; `flush`: write the row keys too (None: when due)."""
         with self.round_lock:
-            self._round(flush)
+            try:
+                self._round(flush)
+            except redis.RedisError:
+                # Before the lock is let go: `position` must not count on a round that failed.
+                self._everything = True
+                raise
 
     def _round(self, flush: bool | None) -> None:
         now = time.monotonic()
@@ -220,7 +224,11 @@ class BackgroundPublisher:
             # rounds stream to learn when their pushes are published.
             snapshot = Snapshot([], [])
         began = time.perf_counter()
-        version = self.publisher.send(snapshot, applied, reset=everything)
+        if everything:
+            expect = 0 if kept is None else kept + 1  # 0: every row is in this round's keys
+        else:
+            expect = None if self.version is None else self.version + 1
+        version = self.publisher.send(snapshot, applied, reset=everything, expect=expect)
         if self.publish_seconds is not None:
             self.publish_seconds.observe(time.perf_counter() - began)
         self.publishes += 1

@@ -102,24 +102,34 @@ _mark = Check("FlushMark", VERSION)
 class FlushMark:
     """The round of a shard's last flush: its id in the shard's rounds stream (`<ms>-<round>`),
     and the epoch and number of the round. The row keys hold every row as of that round at
-    least, and the rounds after it are in the stream. Stored as ASCII `1 <id> <epoch>` (the
-    version first), written in the same transaction as the round it names."""
+    least, and the rounds after it are in the stream. Stored as ASCII `1 <id> <epoch>
+    <version>` (the format's version first), written in the same transaction as the round it
+    names.
+
+    `version` is the shard version the round's INCR was to return, the keys written before it
+    all still there; 0: the round wrote every row itself (a full reset); None: not known (a
+    mark written without it). A shard version in Redis below it means Redis lost the keys
+    since (it restarted empty, and the version counted again from 1): the flush wrote only its
+    own rows onto an empty Redis, and the mark alone would claim every row."""
 
     at: bytes
     epoch: int
     round: int
+    version: int | None = None
 
     def to_bytes(self) -> bytes:
-        return b"%d %s %d" % (VERSION, self.at, self.epoch)
+        if self.version is None:
+            return b"%d %s %d" % (VERSION, self.at, self.epoch)
+        return b"%d %s %d %d" % (VERSION, self.at, self.epoch, self.version)
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> FlushMark:
         """Raises: SchemaError."""
         parts = raw.split(b" ")
-        if len(parts) != 3 or parts[0] != b"%d" % VERSION:
-            raise _mark.error("$", f"expected b'{VERSION} <stream id> <epoch>', got {raw[:64]!r}")
-        at, epoch = parts[1], parts[2]
+        if len(parts) not in (3, 4) or parts[0] != b"%d" % VERSION:
+            raise _mark.error("$", f"expected b'{VERSION} <stream id> <epoch> [<version>]', got {raw[:64]!r}")
+        at, epoch, version = parts[1], parts[2], parts[3] if len(parts) == 4 else b"0"
         ms, _, round_ = at.partition(b"-")
-        if not (ms.isdigit() and round_.isdigit() and epoch.isdigit()):
-            raise _mark.error("$", f"expected b'{VERSION} <ms>-<round> <epoch>', got {raw[:64]!r}")
-        return cls(at, int(epoch), int(round_))
+        if not (ms.isdigit() and round_.isdigit() and epoch.isdigit() and version.isdigit()):
+            raise _mark.error("$", f"expected b'{VERSION} <ms>-<round> <epoch> [<version>]', got {raw[:64]!r}")
+        return cls(at, int(epoch), int(round_), int(version) if len(parts) == 4 else None)

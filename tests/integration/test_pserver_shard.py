@@ -254,12 +254,14 @@ def test_a_restart_writes_only_the_rows_its_replay_changed_while_redis_holds_the
         shard = ShardThread(services, ShardOptions(job, 0, lease_ttl_s=2))
         wait_for(lambda: caught_up(services, redis_conn, job), 30, "restarted shard caught up")
         shard.close()
-        ref = reference(first + later).tables[TABLE]
+        reference_state = reference(first + later)
+        ref = reference_state.tables[TABLE]
         ref_ids = ref.ids[:ref.size].astype(np.int64)
-        rows, _ = params(redis_conn, job)
+        rows, blocks = params(redis_conn, job)
         np.testing.assert_array_equal(rows[kept], marker[0])  # not written again
         others = ref_ids != kept
         np.testing.assert_allclose(rows[ref_ids[others]], ref.values[:ref.size][others], atol=1e-6)
+        np.testing.assert_allclose(blocks[("bias", 0)], reference_state.dense[("bias", 0)].values[0], atol=1e-6)
 
         mark_kept_row()
         redis_conn.delete(keys.flushed(0), keys.stats(0))  # stats: the last shard's said caught up

@@ -1,5 +1,7 @@
 """When a shard writes its row keys, and what a flush carries (pserver/publisher.py)."""
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -8,6 +10,7 @@ from streamtrain.jobstate.paramstore import stream_id
 from streamtrain.schemas import FlushMark
 from streamtrain.pserver.publisher import (FLUSH_BUSY_S, FLUSH_EVERY_S, FLUSH_KEYS_PER_S, FLUSH_MAX_ROUNDS,
                                           FLUSH_MAX_ROWS, Publisher, flush_due, flushed_through)
+from streamtrain.pserver.publishing import BackgroundPublisher
 from streamtrain.pserver.state import Changes, ShardState
 from streamtrain.schemas import GradientDelta, SparseRows, TaskRecord
 
@@ -35,17 +38,52 @@ def test_a_flush_mark_names_its_round_by_stream_id_and_epoch() -> None:
     assert FlushMark.from_bytes(mark.to_bytes()) == mark
 
 
-@pytest.mark.parametrize("mark, epoch, round_, holds", [
-    (FlushMark(b"1-9", 7, 9), 7, 9, True),  # flushed at the round asked for
-    (FlushMark(b"1-12", 7, 12), 7, 9, True),  # or after it
-    (FlushMark(b"1-8", 7, 8), 7, 9, False),  # before it: the round's rows may not be in the keys
-    (FlushMark(b"1-30", 8, 30), 7, 9, False),  # another epoch: a reset began it since
-    (None, 7, 9, False),  # nothing published (a Redis that restarted empty)
-    (FlushMark(b"1-30", 7, 30), 7, 0, False),  # nothing known (a manifest written before marks)
+@pytest.mark.parametrize("mark, version, epoch, round_, holds", [
+    (FlushMark(b"1-9", 7, 9, 40), 41, 7, 9, True),  # flushed at the round asked for
+    (FlushMark(b"1-12", 7, 12, 40), 40, 7, 9, True),  # or after it
+    (FlushMark(b"1-9", 7, 9, 0), 3, 7, 9, True),  # by a round that wrote every row itself
+    (FlushMark(b"1-8", 7, 8, 40), 41, 7, 9, False),  # before it: the round's rows may not be in the keys
+    (FlushMark(b"1-30", 8, 30, 40), 41, 7, 9, False),  # another epoch: a reset began it since
+    (None, 41, 7, 9, False),  # nothing published (a Redis that restarted empty)
+    (FlushMark(b"1-30", 7, 30, 40), 41, 7, 0, False),  # nothing known (a manifest written before marks)
+    # Redis restarted empty before the flush: the version counted again from 1, and the flush
+    # wrote its own rows onto nothing.
+    (FlushMark(b"1-30", 7, 30, 40), 1, 7, 9, False),
+    (FlushMark(b"1-30", 7, 30), 41, 7, 9, False),  # a mark without its version
 ])
-def test_the_keys_hold_a_checkpoints_rows_only_if_flushed_through_its_round_of_its_epoch(
-        mark, epoch, round_, holds) -> None:
-    assert flushed_through(mark, epoch, round_) is holds
+def test_the_keys_hold_a_checkpoints_rows_only_if_flushed_through_its_round_of_its_epoch_without_a_loss(
+        mark, version, epoch, round_, holds) -> None:
+    assert flushed_through(mark, version, epoch, round_) is holds
+
+
+class _NoRedis(Publisher):
+    """A publisher whose rounds go nowhere: its bookkeeping without Redis."""
+
+    def __init__(self) -> None:
+        super().__init__(None, "job", 0)
+        self.version = 0
+
+    def send(self, snapshot, applied=None, reset=False, expect=None) -> int:
+        self._round_command(snapshot, applied or {}, reset)
+        self.version += 1
+        return self.version
+
+    def published(self) -> bool:
+        return True
+
+
+def test_the_position_a_checkpoint_records_is_the_round_that_holds_every_change_applied() -> None:
+    state, publisher = ShardState(SGD(lr=1.0)), _NoRedis()
+    publishing = BackgroundPublisher(publisher, state, threading.Lock(), 0.05, 60.0)
+    publishing.add(train(state, 0, [1, 2]), "t", 0)
+    assert publishing.position() == (0, 0)  # everything is still to be written, in a new epoch
+    publishing.round()
+    epoch, sent = publisher.position()
+    assert publishing.position() == (epoch, sent)  # every change is in a round sent
+    publishing.add(train(state, 1, [3]), "t", 1)
+    assert publishing.position() == (epoch, sent + 1)  # the next round takes the change waiting
+    publishing.round()
+    assert publishing.position() == (epoch, sent + 1)
 
 
 def train(state: ShardState, seq: int, ids) -> Changes:

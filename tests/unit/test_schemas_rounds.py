@@ -60,11 +60,19 @@ def test_arbitrary_bytes_decode_as_a_round_or_raise_only_schema_error(data) -> N
 
 
 def test_a_flush_mark_round_trips_with_its_version_first() -> None:
-    mark = FlushMark(b"1795416671754-37", 2**63 + 5, 37)
-    assert mark.to_bytes().startswith(b"1 ") and FlushMark.from_bytes(mark.to_bytes()) == mark
+    mark = FlushMark(b"1795416671754-37", 2**63 + 5, 37, 4096)
+    assert mark.to_bytes() == b"1 1795416671754-37 %d 4096" % (2**63 + 5)
+    assert FlushMark.from_bytes(mark.to_bytes()) == mark
 
 
-@pytest.mark.parametrize("raw", [b"1795416671754-37 5", b"2 1795416671754-37 5", b"1 x-37 5", b"1 17-37 -5", b""])
+def test_a_flush_mark_without_the_shard_version_reads_as_not_known() -> None:
+    mark = FlushMark.from_bytes(b"1 1795416671754-37 5")
+    assert (mark.round, mark.epoch, mark.version) == (37, 5, None)
+    assert mark.to_bytes() == b"1 1795416671754-37 5"
+
+
+@pytest.mark.parametrize("raw", [b"1795416671754-37 5", b"2 1795416671754-37 5", b"1 x-37 5", b"1 17-37 -5", b"",
+                                 b"1 17-37 5 v", b"1 17-37 5 6 7"])
 def test_a_flush_mark_that_does_not_parse_names_its_format(raw: bytes) -> None:
     with pytest.raises(SchemaError, match="FlushMark"):
         FlushMark.from_bytes(raw)
