@@ -186,22 +186,29 @@ def test_shard_killed_mid_stream_ends_equal_to_an_unkilled_one(services, etcd, r
         coord.close()
 
 
+def checkpointed_then_stopped(services, redis_conn, coord: Etcd, job: str, ckpt: Path, first: list[bytes]) -> TxnWriter:
+    """A one-shard job that applied `first`, took checkpoint `manual-1` and stopped; returns
+    the writer of its gradient topic."""
+    publish_job(coord, make_config(job, ckpt))
+    ensure_topics(services, [TopicSpec(Topics(job).grad(0))])
+    writer = TxnWriter(services, Topics(job).grad(0))
+    writer.write(first)
+    shard = ShardThread(services, ShardOptions(job, 0, lease_ttl_s=2))
+    wait_for(lambda: caught_up(services, redis_conn, job), 30, "first deltas applied")
+    coord.put(EtcdKeys(job).control("checkpoint"), CheckpointRequest("manual-1").to_json())
+    wait_for(lambda: coord.get(EtcdKeys(job).checkpoint_shard("manual-1", 0)) is not None, 30,
+             "requested checkpoint registered")
+    shard.close()
+    return writer
+
+
 @pytest.mark.slow
 def test_a_rerun_committed_after_a_checkpoint_and_a_restart_is_applied_once(services, redis_conn, unique, tmp_path) -> None:
     job = unique("psdedup")
     coord = Etcd.connect(services)
     try:
-        publish_job(coord, make_config(job, tmp_path / "ckpt"))
-        ensure_topics(services, [TopicSpec(Topics(job).grad(0))])
-        writer = TxnWriter(services, Topics(job).grad(0))
         first = [delta(1, g, seed=g).to_bytes() for g in range(3)]
-        writer.write(first)
-        shard = ShardThread(services, ShardOptions(job, 0, lease_ttl_s=2))
-        wait_for(lambda: caught_up(services, redis_conn, job), 30, "first attempt applied")
-        coord.put(EtcdKeys(job).control("checkpoint"), CheckpointRequest("manual-1").to_json())
-        wait_for(lambda: coord.get(EtcdKeys(job).checkpoint_shard("manual-1", 0)) is not None, 30,
-                 "requested checkpoint registered")
-        shard.close()
+        writer = checkpointed_then_stopped(services, redis_conn, coord, job, tmp_path / "ckpt", first)
         rerun = [delta(1, g, seed=100 + g).to_bytes() for g in range(3)]  # same (task, seq)
         later = [delta(2, 0, seed=7).to_bytes()]
         writer.write(rerun + later)
@@ -228,17 +235,8 @@ def test_a_restart_writes_only_the_rows_its_replay_changed_while_redis_holds_the
     keys = RedisKeys(job)
     coord = Etcd.connect(services)
     try:
-        publish_job(coord, make_config(job, tmp_path / "ckpt"))
-        ensure_topics(services, [TopicSpec(Topics(job).grad(0))])
-        writer = TxnWriter(services, Topics(job).grad(0))
         first = [delta(1, g, seed=g).to_bytes() for g in range(5)]
-        writer.write(first)
-        shard = ShardThread(services, ShardOptions(job, 0, lease_ttl_s=2))
-        wait_for(lambda: caught_up(services, redis_conn, job), 30, "first deltas applied")
-        coord.put(EtcdKeys(job).control("checkpoint"), CheckpointRequest("manual-1").to_json())
-        wait_for(lambda: coord.get(EtcdKeys(job).checkpoint_shard("manual-1", 0)) is not None, 30,
-                 "requested checkpoint registered")
-        shard.close()
+        writer = checkpointed_then_stopped(services, redis_conn, coord, job, tmp_path / "ckpt", first)
         later = [delta(2, 0, seed=7, rows=20).to_bytes()]
         changed = set(GradientDelta.from_bytes(later[0]).sparse[0].ids.tolist())
         held = reference(first).tables[TABLE]
