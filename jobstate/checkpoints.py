@@ -67,10 +67,14 @@ def job_record(etcd: Etcd, keys: EtcdKeys) -> bytes:
     def task_key(state: TaskState) -> Callable[[KeptDocument], str]:
         return lambda kept: keys.task(state, kept.doc.get("task_id"))
 
+    # Both lanes of todo are recorded as to do: a restore writes every task to do in input order.
+    retried = [e for e in todo if e.key.startswith(keys.retry_prefix)]
+    fresh = [e for e in todo if not e.key.startswith(keys.retry_prefix)]
     kept_state = _kept(state, lambda kept: keys.state)
     return JobRecord(
         cursors=_kept(cursors, lambda kept: keys.cursor(kept.doc.get("topic"), kept.doc.get("partition"))),
-        todo=_kept(todo, task_key("todo")) + _kept(pending, task_key("pending"), _released),
+        todo=_kept(retried, lambda kept: keys.task_back("todo", kept.doc.get("task_id")))
+        + _kept(fresh, task_key("todo")) + _kept(pending, task_key("pending"), _released),
         done=_kept(done, task_key("done")), failed=_kept(failed, task_key("failed")),
         state=kept_state[0] if kept_state else None).to_json()
 

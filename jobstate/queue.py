@@ -42,6 +42,18 @@ def claim_order(listed: Sequence[tuple[int, str]], truncated: bool) -> list[int]
     return [i for r in revisions for round_ in _rounds(groups[r]) for i in round_] + unparsed
 
 
+def input_order(task_ids: Sequence[str]) -> list[int]:
+    """The order of tasks in their input, as indices into `task_ids`: rounds as the slicer cuts
+    them (`rounds_of`), whatever order they were written in. Ids that do not parse go last."""
+    placed, unparsed = [], []
+    for i, task_id in enumerate(task_ids):
+        try:
+            placed.append((TaskRecord.parse_id(task_id), i))
+        except SchemaError:
+            unparsed.append(i)
+    return [i for round_ in _rounds(placed) for i in round_] + unparsed
+
+
 def _rounds(placed: Iterable[tuple[TaskId, T]]) -> list[list[T]]:
     queues: dict[tuple[str, int], list[tuple[TaskId, T]]] = {}
     for where, item in sorted(placed, key=lambda p: (p[0].pass_no, p[0].start)):

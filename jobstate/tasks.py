@@ -72,7 +72,18 @@ class TaskClient:
         return None
 
     def _candidate(self) -> tuple[Entry, ClaimedTask] | None:
-        """A todo task this trainer may try to claim, with the record it would write."""
+        """A todo task this trainer may try to claim, with the record it would write: the retry
+        lane's first in input order, else one of the rest. The lane is read at every claim: a
+        task given back is older input than the tasks still to do, and claimed by creation
+        order it would be trained after them, the last input the model saw on a bounded job:
+        on a drifting stream, the wrong one to end on."""
+        listed = self._etcd.range(self.keys.retry_prefix, limit=_CANDIDATES)
+        retried = [listed[i] for i in queue.input_order([self.keys.task_id_of(e.key) for e in listed])]
+        # In input order, not at random: the lane is short, and the loser of a race for its first
+        # task reads it again.
+        for entry in retried:
+            if (held := self._held(entry)) is not None:
+                return entry, held
         while True:
             if not self._candidates:
                 listed = self._etcd.range(self.keys.tasks("todo"), limit=_CANDIDATES, oldest_first=True)
@@ -83,13 +94,19 @@ class TaskClient:
                 self._candidates = [listed[i] for i in order]
             # Random among the first few: trainers claiming at once rarely race for one key.
             entry = self._candidates.pop(self._rng.randrange(min(_SPREAD, len(self._candidates))))
-            try:
-                task = TaskRecord.from_json(entry.value)
-            except SchemaError:
-                continue  # the master moves unreadable records out of the way
-            held = replace(task, trainer_id=self.trainer_id, claim=task.claim + 1,
-                           deadline=time.time() + self.timeout_s)
-            return entry, ClaimedTask(held, held.to_json())
+            if (held := self._held(entry)) is not None:
+                return entry, held
+
+    def _held(self, entry: Entry) -> ClaimedTask | None:
+        """The record a claim of `entry` writes; None if it is unreadable (skipped; no process
+        can train it, and a rollback's record leaves it out and logs it)."""
+        try:
+            task = TaskRecord.from_json(entry.value)
+        except SchemaError:
+            return None
+        held = replace(task, trainer_id=self.trainer_id, claim=task.claim + 1,
+                       deadline=time.time() + self.timeout_s)
+        return ClaimedTask(held, held.to_json())
 
     def _claim_ops(self, entry: Entry, held: ClaimedTask) -> list:
         return [delete_op(entry.key), put_op(self.keys.task("pending", held.task_id), held.value)]
@@ -104,12 +121,12 @@ class TaskClient:
             try:
                 task = TaskRecord.from_json(entry.value)
             except SchemaError:
-                continue  # the master moves unreadable records out of the way
+                continue  # as a claim skips it
             if task.trainer_id != self.trainer_id:
                 continue
             state, back = queue.retry_or_fail(task, self.max_attempts, f"trainer {self.trainer_id} restarted")
             ok, _ = self._etcd.txn([mod_revision_is(entry.key, entry.mod_revision)],
-                                   [delete_op(entry.key), put_op(self.keys.task(state, task.task_id), back.to_json())])
+                                   [delete_op(entry.key), put_op(self.keys.task_back(state, task.task_id), back.to_json())])
             if ok:
                 requeued.append(task.task_id)
         return requeued
@@ -154,7 +171,7 @@ class TaskClient:
         key = self.keys.task("pending", task.task_id)
         ok, _ = self._etcd.txn(
             [value_is(key, task.value)],
-            [delete_op(key), put_op(self.keys.task(state, task.task_id), retried.to_json())],
+            [delete_op(key), put_op(self.keys.task_back(state, task.task_id), retried.to_json())],
         )
         self._require(ok, task)
         return state
@@ -165,7 +182,7 @@ class TaskClient:
         key = self.keys.task("pending", task.task_id)
         ok, _ = self._etcd.txn(
             [value_is(key, task.value)],
-            [delete_op(key), put_op(self.keys.task("todo", task.task_id), back.to_json())],
+            [delete_op(key), put_op(self.keys.task_back("todo", task.task_id), back.to_json())],
         )
         self._require(ok, task)
 

@@ -308,7 +308,7 @@ class Master:
             state, retried = queue.retry_or_fail(task, self.config.tasks.max_attempts, reason)
             applied = self.lock.write_if(
                 [mod_revision_is(entry.key, entry.mod_revision)],
-                [delete_op(entry.key), put_op(self.keys.task(state, task.task_id), retried.to_json())])
+                [delete_op(entry.key), put_op(self.keys.task_back(state, task.task_id), retried.to_json())])
             if applied:
                 (self.metrics.failed if state == "failed" else self.metrics.requeued).inc()
                 log.warning("task %s %s: %s", task.task_id,

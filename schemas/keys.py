@@ -130,11 +130,24 @@ class EtcdKeys:
     def task(self, state: TaskState, task_id: str) -> str:
         return f"{self.tasks(state)}{_segment('task_id', task_id)}"
 
+    @property
+    def retry_prefix(self) -> str:
+        """todo's retry lane, ``tasks/todo/retry/``: tasks given back, claimed before the rest of
+        todo (docs/master.md). Inside ``tasks("todo")``, so every count and read of todo holds
+        them; no task id has a '/', so none of the rest is under it."""
+        return f"{self.tasks('todo')}retry/"
+
+    def task_back(self, state: TaskState, task_id: str) -> str:
+        """Where a task whose attempt ended goes in `state`: to do again is the retry lane."""
+        return f"{self.retry_prefix}{_segment('task_id', task_id)}" if state == "todo" else self.task(state, task_id)
+
     def task_id_of(self, key: str) -> str:
-        """The task id of a key under `tasks(state)`, whichever the state."""
+        """The task id of a key under `tasks(state)`, whichever the state or lane."""
         state, _, task_id = self._below(self.tasks_prefix, key, "task_id").partition("/")
         if state not in TASK_STATES:
             raise _etcd_check.error("tasks.state", f"{key!r} is not a task key")
+        if state == "todo" and task_id.startswith("retry/"):
+            task_id = task_id[len("retry/"):]
         return _segment("task_id", task_id)
 
     @property

@@ -181,9 +181,9 @@ def test_a_trainer_that_leaves_gives_its_task_back_at_once_not_after_the_timeout
     assert task is not None
     lease.revoke()  # what its death does, once the lease's TTL runs out
     began = time.monotonic()
-    wait_for(lambda: etcd.get(keys.task("todo", task.task_id)) is not None, 10, "the task back")
+    wait_for(lambda: etcd.get(keys.task_back("todo", task.task_id)) is not None, 10, "the task back")
     assert time.monotonic() - began < 10
-    requeued = TaskRecord.from_json(etcd.get(keys.task("todo", task.task_id)).value)
+    requeued = TaskRecord.from_json(etcd.get(keys.task_back("todo", task.task_id)).value)
     assert requeued.attempt == 1 and "trainer leaving left" in requeued.reason
     etcd.close()
 
@@ -196,9 +196,32 @@ def test_a_trainer_restarted_under_its_id_requeues_what_its_predecessor_held(
     held = client(etcd, config, "trainer-0").claim()
     other = client(etcd, config, "trainer-1").claim()
     assert client(etcd, config, "trainer-0").requeue_predecessors() == [held.task_id]
-    back = TaskRecord.from_json(etcd.get(keys.task("todo", held.task_id)).value)
+    back = TaskRecord.from_json(etcd.get(keys.task_back("todo", held.task_id)).value)
     assert back.attempt == 1 and "trainer trainer-0 restarted" in back.reason
     assert etcd.get(keys.task("pending", other.task_id)) is not None  # another trainer's: untouched
+    etcd.close()
+
+
+def test_tasks_given_back_are_claimed_before_the_rest_of_todo_and_in_input_order(
+    services, topic_factory, unique, start_master
+) -> None:
+    """Issue 16: a task given back was written to todo anew, so claims, oldest first, took it
+    after every task already waiting: on a bounded job, at the very end, the last input the
+    model saw, however old (a killed trainer gives back the task in hand and the one it had
+    claimed ahead)."""
+    topic, config, etcd, keys = one_partition_job(services, topic_factory, unique, start_master,
+                                                  "back", 50, {"max_records": 10, "timeout_s": 60}, todo=5)
+    holder = client(etcd, config, "t1")
+    # Claims pick at random among the oldest (one transaction here): whichever two they were.
+    earlier, later = sorted((holder.claim(), holder.claim()), key=lambda t: t.record.start)
+    holder.release(later)
+    holder.fail(earlier, "its loader died")
+    other = client(etcd, config, "t2")
+    again = [other.claim() for _ in range(3)]
+    assert [t.task_id for t in again[:2]] == [earlier.task_id, later.task_id]
+    assert [t.record.attempt for t in again[:2]] == [1, 0]  # a release counts no attempt
+    rest = {0, 10, 20, 30, 40} - {earlier.record.start, later.record.start}
+    assert again[2].record.start in rest and not etcd.range(keys.retry_prefix)
     etcd.close()
 
 
@@ -223,8 +246,8 @@ def test_task_claimed_by_a_sigkilled_trainer_process_returns_to_todo_with_attemp
     assert etcd.get(keys.task("pending", claimed)) is not None
     victim.send_signal(signal.SIGKILL)
     victim.wait(10)
-    wait_for(lambda: etcd.get(keys.task("todo", claimed)) is not None, 10, "the requeue")
-    requeued = TaskRecord.from_json(etcd.get(keys.task("todo", claimed)).value)
+    wait_for(lambda: etcd.get(keys.task_back("todo", claimed)) is not None, 10, "the requeue")
+    requeued = TaskRecord.from_json(etcd.get(keys.task_back("todo", claimed)).value)
     assert requeued.attempt == 1 and "victim" in requeued.reason
     etcd.close()
 

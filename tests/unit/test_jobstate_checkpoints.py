@@ -73,6 +73,18 @@ def test_a_record_holds_what_etcd_held_releases_tasks_in_hand_and_restores_it() 
     assert set(puts) == set(etcd.values) - {KEYS.task("pending", held.task_id)} | {KEYS.task("todo", held.task_id)}
 
 
+def test_a_task_in_the_retry_lane_is_recorded_as_to_do_and_restored_in_input_order() -> None:
+    given_back, first, second = (TaskRecord.for_range("clicks", 0, s, s + 1000) for s in (0, 1000, 2000))
+    etcd = RangesOnly({
+        KEYS.task_back("todo", replace(given_back, attempt=1).task_id): replace(given_back, attempt=1).to_json(),
+        KEYS.task("todo", first.task_id): first.to_json(),
+        KEYS.task("todo", second.task_id): second.to_json(),
+    })
+    batches = restore_batches(KEYS, job_record(etcd, KEYS))
+    todo = [op.key for op in batches[-1]]
+    assert todo == [KEYS.task("todo", t.task_id) for t in (given_back, first, second)]
+
+
 def test_values_that_cannot_be_written_back_are_left_out_of_the_record(caplog) -> None:
     task = TaskRecord.for_range("clicks", 0, 0, 1000)
     etcd = RangesOnly({

@@ -30,6 +30,13 @@ def test_claim_order_puts_ids_it_cannot_read_last() -> None:
     assert queue.claim_order([(3, "not-a-task"), (3, TaskRecord.make_id("clicks", 0, 5))], False) == [1, 0]
 
 
+def test_tasks_given_back_are_put_in_input_order_whatever_order_they_came_back_in() -> None:
+    ids = [TaskRecord.make_id("clicks", 1, 90), TaskRecord.make_id("clicks", 0, 500), "not-a-task",
+           TaskRecord.make_id("clicks", 0, 10), TaskRecord.make_id("clicks", 1, 20)]
+    # Rounds as the slicer cuts them: each partition's oldest, then each one's next.
+    assert queue.input_order(ids) == [3, 4, 1, 0, 2]
+
+
 def test_retry_requeues_with_attempt_plus_one_until_max_attempts_then_fails_with_reason() -> None:
     task = TaskRecord.for_range("clicks", 0, 0, 10)
     state, task = queue.retry_or_fail(task, 3, "timed out")

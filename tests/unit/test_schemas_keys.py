@@ -47,6 +47,17 @@ def test_every_task_state_has_its_own_prefix():
     assert all(not a.startswith(b) for a in prefixes for b in prefixes if a != b)
 
 
+def test_a_task_given_back_to_do_waits_in_todos_retry_lane_and_reads_back_as_its_id():
+    keys, task_id = EtcdKeys("ctr"), "clicks:3:00000000000000000100"
+    back = keys.task_back("todo", task_id)
+    assert back == "/streamtrain/ctr/tasks/todo/retry/clicks:3:00000000000000000100"
+    assert back.startswith(keys.retry_prefix) and keys.retry_prefix.startswith(keys.tasks("todo"))
+    assert keys.task_back("failed", task_id) == keys.task("failed", task_id)
+    assert keys.task_id_of(back) == keys.task_id_of(keys.task("todo", task_id)) == task_id
+    # A topic named like the lane is not in it: task ids have no '/'.
+    assert not keys.task("todo", "retry:0:00000000000000000000").startswith(keys.retry_prefix)
+
+
 def test_redis_keys_follow_the_design_layout():
     keys = RedisKeys("ctr")
     assert keys.dense(0, "fc.weight", 3) == "st:{ctr:0}:dense:fc.weight:3"
