@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,7 +35,7 @@ from streamtrain.trainer.delivery import Delivery
 from streamtrain.trainer.groups import GroupTrainer, rows_in_flight
 from streamtrain.trainer.loader import RecordLoader
 from streamtrain.trainer.models import build_model, model_spec, use_torch_threads
-from streamtrain.trainer.own import OwnPushes, OwnRows
+from streamtrain.trainer.own import OwnPushes, OwnRows, clock_floor
 from streamtrain.trainer.params import DenseLayout, GradientBuffer, ParamSync, RowLayout
 from streamtrain.trainer.replica import RowReplica
 from streamtrain.trainer.steps import InFlight, StepGate
@@ -165,6 +166,6 @@ def _sharded(config: JobConfig, trainer_id: str, slot_map: SlotMap, revision: in
     in_flight = InFlight(config.train.max_in_flight, applied_watch.wait, trainer_id,
                          max_wait_s=max(1.0, config.tasks.timeout_s / 3)
                          ) if config.train.sgd == "async" else None
-    first_step = gate.first_step() if gate.active else own.first_step(client.applied())
+    first_step = gate.first_step() if gate.active else own.first_step(client.applied(), clock_floor(time.time()))
     return ShardedParts(slot_map=slot_map, revision=revision, buffer=buffer, own=own, groups=groups, gate=gate,
                         applied_watch=applied_watch, in_flight=in_flight, first_step=first_step)

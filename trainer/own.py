@@ -53,6 +53,13 @@ class _Push:
     rows: list[RowChange] = field(default_factory=list)
 
 
+def clock_floor(now_s: float) -> int:
+    """A first step above every step a predecessor under the same id can have used:
+    milliseconds since the epoch. A trainer pushes far less often than once a millisecond, so
+    a process started later begins above every step of one started earlier."""
+    return int(now_s * 1000)
+
+
 class OwnPushes:
     """This trainer's pushes the shards have not published, with their dense blocks' estimated
     changes."""
@@ -113,9 +120,13 @@ class OwnPushes:
             done = min(self._published.values())
             self._pushes = [p for p in self._pushes if p.step > done]
 
-    def first_step(self, applied: dict[int, dict[str, int]]) -> int:
-        """A trainer that starts again under its old id goes on after its steps already applied."""
-        return max((steps.get(self.trainer_id, -1) for steps in applied.values()), default=-1) + 1
+    def first_step(self, applied: dict[int, dict[str, int]], floor: int = 0) -> int:
+        """A trainer that starts again under its old id goes on after its steps already applied,
+        and at `floor` at least (`clock_floor`): a Redis restarted empty no longer says which
+        steps its shards applied, while they still remember the newest. Below it, every push
+        would read as published at once, so pulls would miss the trainer's own changes until
+        it passed its predecessor's step (the full chaos profile saw that last 15 minutes)."""
+        return max(max((steps.get(self.trainer_id, -1) for steps in applied.values()), default=-1) + 1, floor)
 
     def _pending(self, push: _Push, shard: int, applied: dict[int, dict[str, int]]) -> bool:
         """Whether values read with `applied` miss `push`'s part on `shard`."""

@@ -14,7 +14,7 @@ import torch
 from streamtrain.jobstate.optimizers import make_rule
 from streamtrain.trainer.committer import Committer, Ended
 from streamtrain.trainer.delivery import DeliveryError
-from streamtrain.trainer.own import OwnPushes, OwnRows, RowChange
+from streamtrain.trainer.own import OwnPushes, OwnRows, RowChange, clock_floor
 from streamtrain.trainer.steps import InFlight
 
 ME = "t0"
@@ -76,6 +76,15 @@ def test_pushes_every_shard_published_are_dropped_and_a_restart_goes_on_after_th
     own.published({0: {ME: 2}})
     assert own.pending == 0
     assert own.first_step({0: {ME: 4}, 1: {ME: 9, "t1": 30}}) == 10 and own.first_step({}) == 0
+
+
+def test_a_restart_begins_above_its_predecessors_steps_when_redis_forgot_them() -> None:
+    own = pushes()
+    started = clock_floor(1_800_000_000.0)
+    # The predecessor pushed every 10 ms for an hour before Redis restarted empty.
+    predecessor_last = clock_floor(1_800_000_000.0 - 3600) + 3600 * 100
+    assert own.first_step({}, started) == started > predecessor_last
+    assert own.first_step({0: {ME: started + 5}}, started) == started + 6
 
 
 def test_a_push_of_several_steps_adds_up_their_dense_changes() -> None:
