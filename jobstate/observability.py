@@ -93,9 +93,7 @@ class _MasterFamilies:
         self.sliced = Counter("streamtrain_master_tasks_sliced", "Tasks created by slicing input partitions",
                               ["job"])
         self.requeued = Counter("streamtrain_master_tasks_requeued",
-                                "Pending tasks that timed out and went back to todo", ["job"])
-        self.failed = Counter("streamtrain_master_tasks_failed",
-                              "Pending tasks that timed out on their last attempt and went to failed", ["job"])
+                                "Pending tasks whose trainer was lost or timed out, put back in todo", ["job"])
         self.members = Gauge("streamtrain_master_members", "Live members seen by the master", ["job", "kind"])
 
 
@@ -178,7 +176,6 @@ class MasterMetrics:
     leader: Gauge
     sliced: Counter
     requeued: Counter
-    failed: Counter
     _f: _MasterFamilies = field(repr=False)
 
     @classmethod
@@ -186,8 +183,7 @@ class MasterMetrics:
         f = _get("master", _MasterFamilies)
         for state in ("todo", "pending", "done", "failed"):
             f.tasks.labels(job, state)
-        return cls(job, f.leader.labels(job), f.sliced.labels(job), f.requeued.labels(job),
-                   f.failed.labels(job), f)
+        return cls(job, f.leader.labels(job), f.sliced.labels(job), f.requeued.labels(job), f)
 
     def queues(self, **sizes: int) -> None:
         """Task counts per queue: queues(todo=…, pending=…, done=…, failed=…)."""

@@ -63,12 +63,21 @@ def _rounds(placed: Iterable[tuple[TaskId, T]]) -> list[list[T]]:
 
 
 def retry_or_fail(task: TaskRecord, max_attempts: int, reason: str) -> tuple[str, TaskRecord]:
-    """A task whose attempt ended without completing: back to todo with attempt + 1, or to
-    failed once `max_attempts` attempts have been used (a poison task must not crash trainers
-    forever)."""
+    """A task whose attempt failed (its trainer said so: the range could not be trained, or
+    its records kill the loader): back to todo with attempt + 1, or to failed once
+    `max_attempts` attempts have been used (a poison task must not be retried forever)."""
     attempts_used = task.attempt + 1
     if attempts_used >= max_attempts:
         return "failed", replace(task, reason=f"{reason} (attempt {attempts_used} of {max_attempts})",
                                  deadline=None)
     return "todo", replace(task, attempt=attempts_used, trainer_id=None, deadline=None,
                            reason=reason)
+
+
+def requeue_lost(task: TaskRecord, reason: str) -> TaskRecord:
+    """A task whose holder was lost (it died, was frozen past its lease, was cut off from etcd
+    or fell past the timeout): back to todo with its attempt unchanged. Losing the holder says
+    nothing against the task, whose records are decoded in the loader's process (a record that
+    kills it fails the task); counted, a run of SIGKILLs and service restarts used up tasks'
+    attempts and dropped their records as failed (bench/RESULTS.md, session 37)."""
+    return replace(task, trainer_id=None, deadline=None, reason=reason)

@@ -124,9 +124,9 @@ class TaskClient:
                 continue  # as a claim skips it
             if task.trainer_id != self.trainer_id:
                 continue
-            state, back = queue.retry_or_fail(task, self.max_attempts, f"trainer {self.trainer_id} restarted")
+            back = queue.requeue_lost(task, f"trainer {self.trainer_id} restarted")
             ok, _ = self._etcd.txn([mod_revision_is(entry.key, entry.mod_revision)],
-                                   [delete_op(entry.key), put_op(self.keys.task_back(state, task.task_id), back.to_json())])
+                                   [delete_op(entry.key), put_op(self.keys.task_back("todo", task.task_id), back.to_json())])
             if ok:
                 requeued.append(task.task_id)
         return requeued

@@ -305,14 +305,13 @@ class Master:
                                                                 now >= seen.deadline, timeout)
             if reason is None:
                 continue
-            state, retried = queue.retry_or_fail(task, self.config.tasks.max_attempts, reason)
+            back = queue.requeue_lost(task, reason)
             applied = self.lock.write_if(
                 [mod_revision_is(entry.key, entry.mod_revision)],
-                [delete_op(entry.key), put_op(self.keys.task_back(state, task.task_id), retried.to_json())])
+                [delete_op(entry.key), put_op(self.keys.task_back("todo", task.task_id), back.to_json())])
             if applied:
-                (self.metrics.failed if state == "failed" else self.metrics.requeued).inc()
-                log.warning("task %s %s: %s", task.task_id,
-                            "failed" if state == "failed" else "requeued", retried.reason)
+                self.metrics.requeued.inc()
+                log.warning("task %s requeued: %s", task.task_id, reason)
             del self._observed[entry.key]
         for key in set(self._observed) - alive:
             del self._observed[key]

@@ -30,8 +30,9 @@ from streamtrain.jobstate.errors import CoordinationError, TaskLostError
 from streamtrain.jobstate.tasks import ClaimedTask, TaskClient
 from streamtrain.trainer.delivery import Delivery, DeliveryError, Messages
 from streamtrain.trainer.metrics import TaskMetrics
+from streamtrain.trainer.policy import task_end
 
-Ending = Literal["done", "lost", "failed"]
+Ending = Literal["done", "lost", "failed", "released"]
 
 
 def one_commit(ends: list[bool]) -> int:
@@ -172,7 +173,7 @@ class Committer:
                 lost_groups = self._failed.pop(task.task_id, None)
             if lost_groups is not None:  # never complete a task with groups not committed
                 items = items[:-1]
-                self._fail(task, metrics, lost_groups)
+                self._undelivered(task, metrics, lost_groups)
                 ending = None
         if ending is not None:
             try:
@@ -194,7 +195,7 @@ class Committer:
                     if item.end is None:
                         self._failed[item.task_id] = exc
             if ending is not None:
-                self._fail(task, metrics, exc)
+                self._undelivered(task, metrics, exc)
             return
         if ending is None:
             return
@@ -206,11 +207,17 @@ class Committer:
             return
         self._on_ended(Ended(task, metrics, "done", commit_s=committed))
 
-    def _fail(self, task: ClaimedTask, metrics: TaskMetrics, exc: DeliveryError) -> None:
+    def _undelivered(self, task: ClaimedTask, metrics: TaskMetrics, exc: DeliveryError) -> None:
+        """The task's pushes or side outputs did not go out: failed if the broker refused
+        them, else given back (the broker was away), as `policy.task_end` says."""
         with self._cond:  # a later attempt of the task by this trainer starts clean
             self._failed.pop(task.task_id, None)
+        ending = task_end(exc).ending
         try:
-            self._tasks.fail(task, str(exc))
+            if ending == "failed":
+                self._tasks.fail(task, str(exc))
+            else:
+                self._tasks.release(task)
         except (TaskLostError, CoordinationError):
             pass
-        self._on_ended(Ended(task, metrics, "failed", str(exc)))
+        self._on_ended(Ended(task, metrics, ending, str(exc)))

@@ -41,7 +41,14 @@ Messages = list[tuple[str, bytes, bytes | None]]  # (topic, value, key)
 
 
 class DeliveryError(StreamtrainError, RuntimeError):
-    """Messages not acknowledged or side outputs not committed: the task must not complete."""
+    """Messages not acknowledged or side outputs not committed: the task must not complete.
+    `refused`: the broker or the client refused a message (too large, say), which every
+    attempt would meet again; otherwise the broker was away, which the next attempt may not
+    meet."""
+
+    def __init__(self, message: str, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 class DeliveryBroken(StreamtrainError, RuntimeError):
@@ -148,7 +155,7 @@ class Delivery:
                     self._raise_broken()
                 # Refused before it was queued (too large, say): nothing of it went out, and the
                 # attempt stops here, so its groups still reach each shard in order.
-                raise DeliveryError(f"a message to {topic} was refused: {error.str()}") from exc
+                raise DeliveryError(f"a message to {topic} was refused: {error.str()}", refused=True) from exc
         producer.poll(0)
 
     def _on_delivery(self, err: KafkaError | None, msg) -> None:

@@ -82,6 +82,11 @@ class LoaderError(StreamtrainError, RuntimeError):
     """The loader's child process died or failed in a way no task retry can fix."""
 
 
+class LoaderDiedTwiceError(LoaderError):
+    """The child died twice reading from the same offset: a record there kills it (or the
+    process was killed twice in a row there). The task fails; the trainer goes on."""
+
+
 class _ChildGone(LoaderError):
     """The child process is gone (its socket closed)."""
 
@@ -139,8 +144,8 @@ class RecordLoader:
 
         Raises:
             RangeReadError: the range could not be read (the task is retried elsewhere).
-            LoaderError: the child died twice at the same place, or failed other than on a
-                bad record.
+            LoaderDiedTwiceError: the child died twice at the same place.
+            LoaderError: the child failed other than on a bad record.
         """
         at = [start]  # where the range goes on: after the last chunk yielded
         died_at = None
@@ -153,7 +158,7 @@ class RecordLoader:
                 return
             except _ChildGone as exc:
                 if died_at == at[0]:
-                    raise LoaderError(f"the record loader died twice reading {topic}:{partition} from "
+                    raise LoaderDiedTwiceError(f"the record loader died twice reading {topic}:{partition} from "
                                       f"offset {at[0]}: {exc}") from exc
                 died_at = at[0]
                 self._gone = None

@@ -11,10 +11,12 @@ from streamtrain.jobstate.errors import CoordinationError, TaskLostError
 from streamtrain.jobstate.paramstore import ParamsUnavailableError
 from streamtrain.schemas import StreamtrainError
 from streamtrain.trainer.delivery import DeliveryError
+from streamtrain.trainer.loader import LoaderDiedTwiceError
 from streamtrain.trainer.reader import RangeReadError
 
 REGISTRY_AWAY_S = 5.0  # a schema registry that did not answer is asked again after this
 ETCD_AWAY_S = 1.0  # etcd did not answer in time: the next claim waits this long
+KAFKA_AWAY_S = 2.0  # the broker did not answer for 30 s: the next claim waits this long
 
 Ending = Literal["released", "lost", "failed"]
 
@@ -51,8 +53,13 @@ def task_end(exc: BaseException) -> TaskEnd | None:
         # etcd unreachable for a moment (or this process was frozen past a call's deadline):
         # drop the task; it times out and is requeued if it was still ours.
         return TaskEnd("lost", ETCD_AWAY_S, "dropping the task in hand")
-    if isinstance(exc, (RangeReadError, DeliveryError)):
+    if isinstance(exc, DeliveryError) and exc.refused or isinstance(exc, LoaderDiedTwiceError):
+        # Every attempt would meet it again: an attempt counted, so it ends in failed.
         return TaskEnd("failed", 0.0, "failing the task")
+    if isinstance(exc, (RangeReadError, DeliveryError)):
+        # The broker away: no fault of the task's, whose attempts a broker restarting now and
+        # then would otherwise use up (its records then dropped as failed).
+        return TaskEnd("released", KAFKA_AWAY_S, "giving the task back")
     return None
 
 

@@ -140,7 +140,7 @@ def one_partition_job(services, topic_factory, unique, start_master, stem: str, 
     return topic, config, etcd, keys
 
 
-def test_dead_trainers_task_returns_to_todo_after_timeout_with_attempt_plus_one(
+def test_dead_trainers_task_returns_to_todo_after_timeout_with_its_attempt_unchanged(
     services, topic_factory, unique, start_master
 ) -> None:
     topic, config, etcd, keys = one_partition_job(services, topic_factory, unique, start_master,
@@ -152,7 +152,7 @@ def test_dead_trainers_task_returns_to_todo_after_timeout_with_attempt_plus_one(
     wait_for(lambda: etcd.count(keys.tasks("todo")) == 1, 10, "requeue after timeout")
     (entry,) = etcd.range(keys.tasks("todo"))
     requeued = TaskRecord.from_json(entry.value)
-    assert requeued.attempt == 1 and requeued.trainer_id is None
+    assert requeued.attempt == 0 and requeued.trainer_id is None
     assert "timed out" in requeued.reason
 
     # The zombie wakes up: every call of its old attempt is refused.
@@ -162,7 +162,7 @@ def test_dead_trainers_task_returns_to_todo_after_timeout_with_attempt_plus_one(
         dead.heartbeat(task)
     live = client(etcd, config, "healthy")
     again = live.claim()
-    assert again is not None and again.record.attempt == 1
+    assert again is not None and again.record.attempt == 0
     live.complete(again)
     etcd.close()
 
@@ -184,7 +184,7 @@ def test_a_trainer_that_leaves_gives_its_task_back_at_once_not_after_the_timeout
     wait_for(lambda: etcd.get(keys.task_back("todo", task.task_id)) is not None, 10, "the task back")
     assert time.monotonic() - began < 10
     requeued = TaskRecord.from_json(etcd.get(keys.task_back("todo", task.task_id)).value)
-    assert requeued.attempt == 1 and "trainer leaving left" in requeued.reason
+    assert requeued.attempt == 0 and "trainer leaving left" in requeued.reason
     etcd.close()
 
 
@@ -197,7 +197,7 @@ def test_a_trainer_restarted_under_its_id_requeues_what_its_predecessor_held(
     other = client(etcd, config, "trainer-1").claim()
     assert client(etcd, config, "trainer-0").requeue_predecessors() == [held.task_id]
     back = TaskRecord.from_json(etcd.get(keys.task_back("todo", held.task_id)).value)
-    assert back.attempt == 1 and "trainer trainer-0 restarted" in back.reason
+    assert back.attempt == 0 and "trainer trainer-0 restarted" in back.reason
     assert etcd.get(keys.task("pending", other.task_id)) is not None  # another trainer's: untouched
     etcd.close()
 
@@ -225,7 +225,7 @@ def test_tasks_given_back_are_claimed_before_the_rest_of_todo_and_in_input_order
     etcd.close()
 
 
-def test_task_claimed_by_a_sigkilled_trainer_process_returns_to_todo_with_attempt_plus_one(
+def test_task_claimed_by_a_sigkilled_trainer_process_returns_to_todo_with_its_attempt_unchanged(
     services, topic_factory, unique, start_master
 ) -> None:
     topic, config, etcd, keys = one_partition_job(services, topic_factory, unique, start_master,
@@ -248,36 +248,42 @@ def test_task_claimed_by_a_sigkilled_trainer_process_returns_to_todo_with_attemp
     victim.wait(10)
     wait_for(lambda: etcd.get(keys.task_back("todo", claimed)) is not None, 10, "the requeue")
     requeued = TaskRecord.from_json(etcd.get(keys.task_back("todo", claimed)).value)
-    assert requeued.attempt == 1 and "victim" in requeued.reason
+    assert requeued.attempt == 0 and "victim" in requeued.reason
     etcd.close()
 
 
-def test_task_that_always_crashes_its_trainer_ends_in_failed_after_max_attempts(
+def test_a_task_lost_again_and_again_is_never_failed_and_one_failing_ends_in_failed_after_max_attempts(
     services, topic_factory, unique, start_master
 ) -> None:
+    """Issue 16: a lost holder (killed, frozen, cut off from etcd) counted an attempt, so a
+    run of faults used tasks' attempts up and dropped their records as failed."""
     topic, config, etcd, keys = one_partition_job(services, topic_factory, unique, start_master,
                                                   "poison", 30, {"max_records": 10, "timeout_s": 0.5,
                                                                  "max_attempts": 3}, todo=3)
-    poison_id = TaskRecord.make_id(topic, 0, 10)
-    healthy = FakeTrainer(client(etcd, config, "healthy"))
-    crashes = 0
+    unlucky, poison = TaskRecord.make_id(topic, 0, 0), TaskRecord.make_id(topic, 0, 10)
+    trainer = FakeTrainer(client(etcd, config, "t"))
+    lost = failures = 0
 
     def settle() -> bool:
-        nonlocal crashes
-        task = healthy.client.claim()
+        nonlocal lost, failures
+        task = trainer.client.claim()
         if task is None:
             return etcd.count(keys.tasks("failed")) == 1 and etcd.count(keys.tasks("pending")) == 0
-        if task.task_id == poison_id:
-            crashes += 1  # the trainer "dies": it never completes, the master must time it out
+        if task.task_id == unlucky and lost < 5:
+            lost += 1  # its trainer "dies" holding it: the master times it out
+        elif task.task_id == poison:
+            failures += 1  # its records kill the loader: the trainer says so
+            trainer.client.fail(task, "the record loader died twice")
         else:
-            healthy.client.complete(task)
+            assert task.record.attempt == 0
+            trainer.client.complete(task)
         return False
 
     wait_for(settle, 30, "the poison task to fail")
-    assert crashes == 3
+    assert (lost, failures) == (5, 3)
     (entry,) = etcd.range(keys.tasks("failed"))
     failed = TaskRecord.from_json(entry.value)
-    assert failed.task_id == poison_id and "attempt 3 of 3" in failed.reason
+    assert failed.task_id == poison and "attempt 3 of 3" in failed.reason
     # The watermark moves past the failed range: it does not block the partition.
     wait_for(lambda: cursors(etcd, config.name)[(topic, 0)].trained == 30, 10, "fold past failure")
     etcd.close()

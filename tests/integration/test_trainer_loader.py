@@ -16,7 +16,7 @@ from streamtrain.infra import Endpoints
 from streamtrain.schemas.config import InputSection
 from streamtrain.producers.clickmodel import ClickModel
 from streamtrain.trainer.features import Featurizer
-from streamtrain.trainer.loader import LoaderError, LoaderSpec, RecordLoader
+from streamtrain.trainer.loader import LoaderDiedTwiceError, LoaderSpec, RecordLoader
 
 pytestmark = [pytest.mark.services]
 
@@ -139,7 +139,7 @@ def test_a_loader_that_dies_again_at_the_same_record_is_an_error_not_a_loop(serv
     loader = RecordLoader(spec(services, topic, 100, fmt="deadly:decode"))
     try:
         chunks = []
-        with pytest.raises(LoaderError, match="died twice reading"):
+        with pytest.raises(LoaderDiedTwiceError, match="died twice reading"):
             for chunk in loader.read(topic, 0, 0, 301):
                 chunks.append(chunk)
         assert len(chunks) == 1 and loader.restarts == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from streamtrain.jobstate import queue
 from streamtrain.schemas import TaskRecord
 
@@ -37,12 +39,19 @@ def test_tasks_given_back_are_put_in_input_order_whatever_order_they_came_back_i
     assert queue.input_order(ids) == [3, 4, 1, 0, 2]
 
 
-def test_retry_requeues_with_attempt_plus_one_until_max_attempts_then_fails_with_reason() -> None:
+def test_a_failed_attempt_requeues_with_attempt_plus_one_until_max_attempts_then_fails_with_reason() -> None:
     task = TaskRecord.for_range("clicks", 0, 0, 10)
-    state, task = queue.retry_or_fail(task, 3, "timed out")
+    state, task = queue.retry_or_fail(task, 3, "the loader died twice")
     assert (state, task.attempt, task.trainer_id) == ("todo", 1, None)
-    state, task = queue.retry_or_fail(task, 3, "timed out")
+    state, task = queue.retry_or_fail(task, 3, "the loader died twice")
     assert (state, task.attempt) == ("todo", 2)
-    state, task = queue.retry_or_fail(task, 3, "timed out")
+    state, task = queue.retry_or_fail(task, 3, "the loader died twice")
     assert state == "failed"
-    assert task.reason == "timed out (attempt 3 of 3)"
+    assert task.reason == "the loader died twice (attempt 3 of 3)"
+
+
+def test_a_task_whose_holder_was_lost_goes_back_with_its_attempt_unchanged_however_often() -> None:
+    task = replace(TaskRecord.for_range("clicks", 0, 0, 10), attempt=2, trainer_id="t0", deadline=5.0)
+    for _ in range(10):
+        task = queue.requeue_lost(replace(task, trainer_id="t0"), "trainer t0 left")
+    assert (task.attempt, task.trainer_id, task.deadline, task.reason) == (2, None, None, "trainer t0 left")

@@ -152,13 +152,13 @@ class FakeDelivery:
         self.commits: list[list] = []
         self.gate = threading.Event()
         self.gate.set()
-        self.fail_next = False
+        self.fail_next: DeliveryError | None = None
 
     def commit(self, messages) -> None:
         self.gate.wait(10)
         if self.fail_next:
-            self.fail_next = False
-            raise DeliveryError("2 messages unacknowledged after 30 s")
+            error, self.fail_next = self.fail_next, None
+            raise error
         self.commits.append(list(messages))
 
 
@@ -184,6 +184,9 @@ class FakeTasks:
     def fail(self, task, reason):
         self.calls.append(("fail", task))
 
+    def release(self, task):
+        self.calls.append(("release", task))
+
 
 def committer() -> tuple[Committer, FakeDelivery, FakeTasks, list[Ended]]:
     delivery, tasks, ended = FakeDelivery(), FakeTasks(), []
@@ -206,21 +209,26 @@ def test_pushes_handed_while_a_commit_is_out_go_together_and_a_task_ends_after_i
     assert [e.ending for e in ended] == ["done"]
 
 
-def test_a_failed_commit_fails_the_task_whose_pushes_it_covered() -> None:
+def test_a_failed_commit_gives_back_or_fails_the_task_whose_pushes_it_covered() -> None:
     c, delivery, tasks, ended = committer()
-    delivery.fail_next = True
+    delivery.fail_next = DeliveryError("2 messages unacknowledged after 30 s")
     c.hand("a")
     c.wait()
     with pytest.raises(DeliveryError):
         c.hand("a")
-    # A task whose groups failed is never completed, even if its end gets queued.
-    delivery.fail_next = True
+    # A task whose groups failed is never completed, even if its end gets queued; with the
+    # broker away it is given back (no attempt counted), refused it is failed.
+    delivery.fail_next = DeliveryError("2 messages unacknowledged after 30 s")
     c.hand("b")
     c.wait()
     c.end(Task("b"), [("metrics", b"m", None)], metrics=None)
+    c.wait()
+    delivery.fail_next = DeliveryError("a message to metrics was refused: too large", refused=True)
+    c.end(Task("c"), [("metrics", b"m", None)], metrics=None)
     c.close()
-    assert ("complete", "b") not in tasks.calls and ("fail", "b") in tasks.calls
-    assert [e.ending for e in ended] == ["failed"]
+    assert ("complete", "b") not in tasks.calls and ("release", "b") in tasks.calls
+    assert ("complete", "c") not in tasks.calls and ("fail", "c") in tasks.calls
+    assert [e.ending for e in ended] == ["released", "failed"]
 
 
 def test_in_flight_waits_until_at_most_the_limit_of_own_pushes_is_unpublished() -> None:
@@ -277,14 +285,15 @@ def test_a_push_counts_as_published_only_once_every_shard_has_published_it() -> 
 def test_a_task_whose_last_commit_failed_can_be_tried_again_by_the_same_trainer() -> None:
     c, delivery, tasks, ended = committer()
     c.hand("a")
-    delivery.fail_next = True  # the flush at its end finds a push unacknowledged
+    # The flush at its end finds a push unacknowledged.
+    delivery.fail_next = DeliveryError("1 messages unacknowledged after 30 s")
     c.end(Task("a"), [("metrics", b"m", None)], metrics=None)
     c.wait()
-    assert [e.ending for e in ended] == ["failed"]
+    assert [e.ending for e in ended] == ["released"]
     c.hand("a")  # the next attempt's first push: not failed by the last one's error
     c.end(Task("a"), [("metrics", b"m", None)], metrics=None)
     c.close()
-    assert [e.ending for e in ended] == ["failed", "done"]
+    assert [e.ending for e in ended] == ["released", "done"]
 
 
 def test_the_shards_lagging_are_those_that_have_not_published_the_newest_push_that_must_be() -> None:

@@ -10,7 +10,9 @@ from streamtrain.jobstate.errors import CoordinationError, TaskLostError
 from streamtrain.jobstate.paramstore import ParamsUnavailableError
 from streamtrain.trainer.committer import one_commit
 from streamtrain.trainer.delivery import DeliveryError
-from streamtrain.trainer.policy import ETCD_AWAY_S, REGISTRY_AWAY_S, Stopped, TaskEnd, heartbeat_due, task_end
+from streamtrain.trainer.loader import LoaderDiedTwiceError, LoaderError
+from streamtrain.trainer.policy import (ETCD_AWAY_S, KAFKA_AWAY_S, REGISTRY_AWAY_S, Stopped, TaskEnd, heartbeat_due,
+                                        task_end)
 from streamtrain.trainer.reader import RangeReadError
 
 
@@ -20,9 +22,13 @@ from streamtrain.trainer.reader import RangeReadError
     (RegistryUnavailableError("registry away"), TaskEnd("released", REGISTRY_AWAY_S, "giving the task back")),
     (TaskLostError("claimed by another"), TaskEnd("lost")),  # not ours: nothing to give back
     (CoordinationError("etcd away"), TaskEnd("lost", ETCD_AWAY_S, "dropping the task in hand")),
-    (RangeReadError("offsets gone"), TaskEnd("failed", 0.0, "failing the task")),
-    (DeliveryError("producer fenced"), TaskEnd("failed", 0.0, "failing the task")),
-], ids=lambda v: type(v).__name__)
+    # The broker away: no attempt counted, or its restarts would use tasks' attempts up.
+    (RangeReadError("no progress for 30 s"), TaskEnd("released", KAFKA_AWAY_S, "giving the task back")),
+    (DeliveryError("unacknowledged after 30 s"), TaskEnd("released", KAFKA_AWAY_S, "giving the task back")),
+    # What every attempt would meet again: an attempt counted, so the task ends in failed.
+    (DeliveryError("too large", refused=True), TaskEnd("failed", 0.0, "failing the task")),
+    (LoaderDiedTwiceError("died twice reading t:0 from offset 7"), TaskEnd("failed", 0.0, "failing the task")),
+], ids=lambda v: f"{type(v).__name__}{'-refused' if getattr(v, 'refused', False) else ''}")
 def test_each_error_ends_the_task_its_own_way(exc, end) -> None:
     assert task_end(exc) == end
 
@@ -30,6 +36,7 @@ def test_each_error_ends_the_task_its_own_way(exc, end) -> None:
 def test_an_error_that_is_not_about_the_task_stops_the_trainer() -> None:
     assert task_end(ZeroDivisionError()) is None
     assert task_end(KeyError("a bug")) is None
+    assert task_end(LoaderError("the decoder factory raised")) is None
 
 
 def test_a_task_is_heartbeaten_every_third_of_its_timeout() -> None:
