@@ -176,14 +176,14 @@ class TaskClient:
         self._require(ok, task)
         return state
 
-    def release(self, task: ClaimedTask) -> None:
-        """Give the task back untouched (shutting down): same attempt, no failure counted."""
+    def release(self, task: ClaimedTask, behind: bool = False) -> None:
+        """Give the task back untouched (shutting down, a service away): same attempt, no
+        failure counted. To the retry lane, first in line; `behind`: behind every task
+        waiting instead, for a task only its own partition may hold up."""
         back = replace(task.record, trainer_id=None, deadline=None)
         key = self.keys.task("pending", task.task_id)
-        ok, _ = self._etcd.txn(
-            [value_is(key, task.value)],
-            [delete_op(key), put_op(self.keys.task_back("todo", task.task_id), back.to_json())],
-        )
+        to = self.keys.task("todo", task.task_id) if behind else self.keys.task_back("todo", task.task_id)
+        ok, _ = self._etcd.txn([value_is(key, task.value)], [delete_op(key), put_op(to, back.to_json())])
         self._require(ok, task)
 
     @staticmethod

@@ -99,8 +99,8 @@ class TasksSection:
     Attributes:
         max_records: a task never spans more records (offsets) than this.
         linger_ms: at the head of a live stream, cut a partial task after this long.
-        timeout_s: a claimed task not finished within this is requeued.
-        max_attempts: a task that timed out or failed this many times goes to ``failed``.
+        timeout_s: a claimed task not heartbeaten within this is requeued (no attempt counted).
+        max_attempts: a task its trainers failed this many times goes to ``failed``.
         max_todo: the slicer stops cutting while this many tasks wait in ``todo``.
         max_failed_kept: how many failed tasks stay in etcd for inspection (oldest dropped).
     """

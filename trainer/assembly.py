@@ -42,6 +42,8 @@ from streamtrain.trainer.steps import InFlight, StepGate
 
 log = logging.getLogger(__name__)
 
+REDIS_AWAY_MAX_S = 5.0  # the longest wait between asking a Redis away at start-up again
+
 
 @dataclass(frozen=True, slots=True)
 class ShardedParts:
@@ -112,6 +114,7 @@ def assemble(config: JobConfig, trainer_id: str, *, etcd: Etcd, redis_conn: redi
     layout = DenseLayout(model)
     layout.load({})
     redis_conn = redis_conn or redis_client(endpoints)
+    wait_for_redis(redis_conn, trainer_id)
     sharded = _sharded(config, trainer_id, slot_map, revision, model, layout, redis_conn, device, obs)
     delivery = broker.delivery(config, trainer_id)
     committer = Committer(delivery, tasks, ended)
@@ -131,6 +134,20 @@ def resharded(parts: TrainerParts, trainer_id: str, broker: Broker, device: torc
     sharded = _sharded(parts.config, trainer_id, slot_map, revision, parts.model, parts.layout, parts.redis,
                        device, obs)
     return dataclasses.replace(parts, sharded=sharded)
+
+
+def wait_for_redis(redis_conn: redis.Redis, trainer_id: str, most_s: float = REDIS_AWAY_MAX_S) -> None:
+    """Until Redis answers, waiting with backoff: a trainer started while Redis restarts
+    would otherwise exit on its first read and be restarted in a loop."""
+    wait_s = 0.25
+    while True:
+        try:
+            redis_conn.ping()
+            return
+        except redis.RedisError as exc:
+            log.warning("trainer %s: Redis did not answer (%s); asking again in %.2f s", trainer_id, exc, wait_s)
+        time.sleep(wait_s)
+        wait_s = min(2 * wait_s, most_s)
 
 
 def slot_map_of(etcd: Etcd, job: str) -> tuple[SlotMap, int]:

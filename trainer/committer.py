@@ -13,8 +13,8 @@ A zombie (a trainer frozen past its task's timeout, then resumed) learns that it
 from a heartbeat: the trainer's own every third of the timeout, and the committer's before it
 completes a task. Groups it sends meanwhile are dropped by the shards' ledger: the rescuer's
 copies of a group and the zombie's share `(task_id, seq)`, and the first to arrive is the one
-applied. A failed commit fails the tasks whose pushes it covered; the trainer learns it at its
-next `hand` or `raise_failed`.
+applied. A failed commit gives back the tasks whose pushes it covered (fails them if the
+broker refused a message); the trainer learns it at its next `hand` or `raise_failed`.
 """
 
 from __future__ import annotations
@@ -212,12 +212,12 @@ class Committer:
         them, else given back (the broker was away), as `policy.task_end` says."""
         with self._cond:  # a later attempt of the task by this trainer starts clean
             self._failed.pop(task.task_id, None)
-        ending = task_end(exc).ending
+        end = task_end(exc)
         try:
-            if ending == "failed":
+            if end.ending == "failed":
                 self._tasks.fail(task, str(exc))
             else:
-                self._tasks.release(task)
+                self._tasks.release(task, behind=end.behind)
         except (TaskLostError, CoordinationError):
             pass
-        self._on_ended(Ended(task, metrics, ending, str(exc)))
+        self._on_ended(Ended(task, metrics, end.ending, str(exc)))

@@ -182,7 +182,7 @@ class TaskFeed:
                         return
                     if self._abandoned == task.task_id:
                         break
-        except Exception as exc:  # RangeReadError fails the task; anything else stops the trainer
+        except Exception as exc:  # noqa: BLE001  the trainer decides (trainer/policy.task_end)
             self._put(Chunk(task, claimed_at, last=True, error=exc))
             return
         self._put(Chunk(task, claimed_at, last=True))

@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import redis
+from confluent_kafka import KafkaException
+
 from streamtrain.infra.schema_registry import RegistryUnavailableError
 from streamtrain.jobstate.errors import CoordinationError, TaskLostError
 from streamtrain.jobstate.paramstore import ParamsUnavailableError
@@ -30,16 +33,20 @@ class TaskEnd:
     """`ending`: the task goes back to the queue at once ("released": no attempt counted),
     waits out its timeout ("lost": no longer ours, or maybe not), or is failed ("failed":
     an attempt counted, with the reason). `wait_s`: before the trainer claims again. `why`:
-    the log line's ending (empty: the error says it all)."""
+    the log line's ending (empty: the error says it all). `behind`: a task given back goes
+    behind the tasks waiting. `stops`: the trainer stops after the task ended so."""
 
     ending: Ending
     wait_s: float = 0.0
     why: str = ""
+    behind: bool = False  # released behind the tasks waiting, not first in line (the retry lane)
+    stops: bool = False  # then the trainer stops, with the error
 
 
 def task_end(exc: BaseException) -> TaskEnd | None:
-    """How a task whose training raised `exc` ends; None: `exc` is not about the task (a bug,
-    a broken producer) and stops the trainer."""
+    """How a task whose training raised `exc` ends; None: `exc` is about the trainer or its
+    services, not the task (a broken producer, a client error), and stops the trainer, its task
+    left to be requeued without an attempt counted."""
     if isinstance(exc, Stopped):
         return TaskEnd("released")
     if isinstance(exc, ParamsUnavailableError):
@@ -57,10 +64,16 @@ def task_end(exc: BaseException) -> TaskEnd | None:
         # Every attempt would meet it again: an attempt counted, so it ends in failed.
         return TaskEnd("failed", 0.0, "failing the task")
     if isinstance(exc, (RangeReadError, DeliveryError)):
-        # The broker away: no fault of the task's, whose attempts a broker restarting now and
-        # then would otherwise use up (its records then dropped as failed).
-        return TaskEnd("released", KAFKA_AWAY_S, "giving the task back")
-    return None
+        # The broker away (or only this partition's leader): no fault of the task's, whose
+        # attempts a broker restarting now and then would otherwise use up (its records then
+        # dropped as failed). Behind the tasks waiting: first in line, every trainer in turn
+        # would spend 30 s on it while its partition is away.
+        return TaskEnd("released", KAFKA_AWAY_S, "giving the task back", behind=True)
+    if isinstance(exc, (StreamtrainError, redis.RedisError, KafkaException, OSError)):
+        return None
+    # Raised by training this task (the model on its records, its size): an attempt counted,
+    # so a task that keeps raising ends in failed; the trainer stops, as after any error.
+    return TaskEnd("failed", 0.0, "failing the task; the trainer stops", stops=True)
 
 
 def heartbeat_due(since_s: float, timeout_s: float) -> bool:

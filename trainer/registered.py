@@ -24,7 +24,7 @@ decoded alone, so the verdicts are the one-record decoder's.
 A record the job cannot read is bad, with the reason: no magic byte, an id the registry does
 not have, a schema of the other kind or one that does not parse, bytes that do not match the
 schema. A registry that does not answer is not a reason to call records bad:
-`RegistryUnavailableError` fails the task, which is tried again later.
+`RegistryUnavailableError` gives the task back, to be tried again after a wait.
 """
 
 from __future__ import annotations

@@ -205,15 +205,17 @@ class Trainer:
                             f"; {end.why}" if end.why else "")
             if end.ending == "failed":
                 self._quietly(lambda t=run.task, e=exc: parts.tasks.fail(t, str(e)))
+            if end.stops:
+                raise
             if end.wait_s:
                 stop.wait(end.wait_s)
-            ending = end.ending
         parts.delivery.discard()
         parts.committer.drop(run.task.task_id)
         parts.sharded.own.forget(run.task.task_id)
         feed.abandon(run.fed)
-        if ending == "released":
-            self._quietly(lambda t=run.task: parts.tasks.release(t))
+        if end.ending == "released":
+            self._quietly(lambda t=run.task, b=end.behind: parts.tasks.release(t, behind=b))
+        ending = end.ending
         self.stats.ended(ending)
         self.obs.task_ended(ending)
 

@@ -184,8 +184,8 @@ class FakeTasks:
     def fail(self, task, reason):
         self.calls.append(("fail", task))
 
-    def release(self, task):
-        self.calls.append(("release", task))
+    def release(self, task, behind=False):
+        self.calls.append(("release" if not behind else "release behind", task))
 
 
 def committer() -> tuple[Committer, FakeDelivery, FakeTasks, list[Ended]]:
@@ -226,7 +226,7 @@ def test_a_failed_commit_gives_back_or_fails_the_task_whose_pushes_it_covered() 
     delivery.fail_next = DeliveryError("a message to metrics was refused: too large", refused=True)
     c.end(Task("c"), [("metrics", b"m", None)], metrics=None)
     c.close()
-    assert ("complete", "b") not in tasks.calls and ("release", "b") in tasks.calls
+    assert ("complete", "b") not in tasks.calls and ("release behind", "b") in tasks.calls
     assert ("complete", "c") not in tasks.calls and ("fail", "c") in tasks.calls
     assert [e.ending for e in ended] == ["released", "failed"]
 

@@ -4,12 +4,14 @@ what one commit takes (`trainer.committer.one_commit`)."""
 from __future__ import annotations
 
 import pytest
+import redis
+from confluent_kafka import KafkaException
 
 from streamtrain.infra.schema_registry import RegistryUnavailableError
 from streamtrain.jobstate.errors import CoordinationError, TaskLostError
 from streamtrain.jobstate.paramstore import ParamsUnavailableError
 from streamtrain.trainer.committer import one_commit
-from streamtrain.trainer.delivery import DeliveryError
+from streamtrain.trainer.delivery import DeliveryBroken, DeliveryError
 from streamtrain.trainer.loader import LoaderDiedTwiceError, LoaderError
 from streamtrain.trainer.policy import (ETCD_AWAY_S, KAFKA_AWAY_S, REGISTRY_AWAY_S, Stopped, TaskEnd, heartbeat_due,
                                         task_end)
@@ -23,8 +25,11 @@ from streamtrain.trainer.reader import RangeReadError
     (TaskLostError("claimed by another"), TaskEnd("lost")),  # not ours: nothing to give back
     (CoordinationError("etcd away"), TaskEnd("lost", ETCD_AWAY_S, "dropping the task in hand")),
     # The broker away: no attempt counted, or its restarts would use tasks' attempts up.
-    (RangeReadError("no progress for 30 s"), TaskEnd("released", KAFKA_AWAY_S, "giving the task back")),
-    (DeliveryError("unacknowledged after 30 s"), TaskEnd("released", KAFKA_AWAY_S, "giving the task back")),
+    # Behind the tasks waiting: only its partition may be away, and first in line it would hold
+    # up every trainer in turn.
+    (RangeReadError("no progress for 30 s"), TaskEnd("released", KAFKA_AWAY_S, "giving the task back", behind=True)),
+    (DeliveryError("unacknowledged after 30 s"), TaskEnd("released", KAFKA_AWAY_S, "giving the task back",
+                                                         behind=True)),
     # What every attempt would meet again: an attempt counted, so the task ends in failed.
     (DeliveryError("too large", refused=True), TaskEnd("failed", 0.0, "failing the task")),
     (LoaderDiedTwiceError("died twice reading t:0 from offset 7"), TaskEnd("failed", 0.0, "failing the task")),
@@ -33,10 +38,19 @@ def test_each_error_ends_the_task_its_own_way(exc, end) -> None:
     assert task_end(exc) == end
 
 
-def test_an_error_that_is_not_about_the_task_stops_the_trainer() -> None:
-    assert task_end(ZeroDivisionError()) is None
-    assert task_end(KeyError("a bug")) is None
+def test_an_error_about_the_trainer_or_its_services_stops_it_and_counts_no_attempt() -> None:
     assert task_end(LoaderError("the decoder factory raised")) is None
+    assert task_end(DeliveryBroken("fatal producer error")) is None
+    assert task_end(redis.ConnectionError("Connection refused")) is None
+    assert task_end(KafkaException("transport failure")) is None
+    assert task_end(BrokenPipeError()) is None
+
+
+def test_any_other_error_training_the_task_fails_it_then_stops_the_trainer() -> None:
+    """A task that makes training raise (an id out of a table, a shape the model refuses, too
+    large for memory) would otherwise be retried forever: a lost holder counts no attempt."""
+    for exc in (IndexError("index out of range in self"), RuntimeError("shape mismatch"), MemoryError()):
+        assert task_end(exc) == TaskEnd("failed", 0.0, "failing the task; the trainer stops", stops=True)
 
 
 def test_a_task_is_heartbeaten_every_third_of_its_timeout() -> None:
