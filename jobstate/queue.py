@@ -78,6 +78,6 @@ def requeue_lost(task: TaskRecord, reason: str) -> TaskRecord:
     """A task whose holder was lost (it died, was frozen past its lease, was cut off from etcd
     or fell past the timeout): back to todo with its attempt unchanged. Losing the holder says
     nothing against the task, whose records are decoded in the loader's process (a record that
-    kills it fails the task); counted, a run of SIGKILLs and service restarts used up tasks'
-    attempts and dropped their records as failed (bench/RESULTS.md, session 37)."""
+    kills it fails the task); counted, a run of SIGKILLs and service restarts uses up tasks'
+    attempts and drops their records as failed."""
     return replace(task, trainer_id=None, deadline=None, reason=reason)

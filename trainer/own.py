@@ -125,7 +125,7 @@ class OwnPushes:
         and at `floor` at least (`clock_floor`): a Redis restarted empty no longer says which
         steps its shards applied, while they still remember the newest. Below it, every push
         would read as published at once, so pulls would miss the trainer's own changes until
-        it passed its predecessor's step (the full chaos profile saw that last 15 minutes)."""
+        it passed its predecessor's step, minutes later."""
         return max(max((steps.get(self.trainer_id, -1) for steps in applied.values()), default=-1) + 1, floor)
 
     def _pending(self, push: _Push, shard: int, applied: dict[int, dict[str, int]]) -> bool:
