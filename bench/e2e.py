@@ -58,7 +58,7 @@ from streamtrain.infra import Endpoints, LocalServices, Ports
 from streamtrain.infra.clients import TopicSpec, ensure_topics, redis_client
 from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.etcd import Etcd
-from streamtrain.jobstate.sharding import SlotMap
+from streamtrain.jobstate.sharding import SlotMap, mix64, name_salt
 from streamtrain.producers.clickmodel import ClickModel, ClickModelConfig, ImpressionColumns, auc
 from streamtrain.schemas import EtcdKeys, Example, RedisKeys, ShardStats
 from streamtrain.trainer.features import Featurizer
@@ -164,8 +164,12 @@ class BareModel(nn.Module):
 
 
 def hashed(model: ClickModel, c: ImpressionColumns, buckets: int) -> torch.Tensor:
-    """(n, fields) row indexes: each field's ids salted by the field, modulo the buckets."""
-    idx = np.stack([(c.ids[f] * 1_000_003 + j * 7_919_993) % buckets for j, f in enumerate(model.fields)], axis=1)
+    """(n, fields) row indexes: the features the job trains on, each field's ids salted by the
+    field and mixed by splitmix64, modulo the buckets (trainer/features.py). Done once before the
+    loop: a cruder hash (a multiply and a modulo) cost the bare loop about 0.003 AUC in
+    collisions, a difference of features rather than of training."""
+    idx = np.stack([mix64(c.ids[f].astype(np.uint64) ^ name_salt(f)) % np.uint64(buckets) for f in model.fields],
+                   axis=1)
     return torch.from_numpy(idx.astype(np.int64))
 
 
