@@ -50,16 +50,30 @@ class StepGate:
         return self.mode in ("sync", "bounded")
 
     def _read(self) -> list[BarrierSteps]:
-        raw = self._nodes.get_each(self._keys)
-        return [BarrierSteps.from_json(raw[s]) if raw[s] else BarrierSteps() for s in self._keys]
+        return [s or BarrierSteps() for s in self._read_each()]
 
-    def first_step(self) -> int:
-        """A trainer joins at the step the barrier is at, not at 0."""
-        steps = self._read()
-        if self.mode == "sync":
-            return min((s.next for s in steps), default=0)
-        # bounded: at the slowest trainer's step, which would otherwise wait for it to catch up
-        return min((v for s in steps for v in s.trainers.values()), default=-1) + 1
+    def _read_each(self) -> list[BarrierSteps | None]:
+        raw = self._nodes.get_each(self._keys)
+        return [BarrierSteps.from_json(raw[s]) if raw[s] else None for s in self._keys]
+
+    def first_step(self, wait_s: float = 10.0) -> int:
+        """A trainer joins at the step the barrier is at (`joining_step`), read once every
+        shard has written its steps document, for up to `wait_s`. Shards write theirs at every
+        round and every housekeeping (a second), so only a job whose shards are not up yet, or
+        a Redis just restarted empty, has none. Joining at 0 there would be wrong: the shards
+        still remember this trainer's predecessor's newer step, so in bounded mode its own
+        steps would read as visible at once and it would train on rows missing its own pushes
+        until it passed that step."""
+        deadline = time.monotonic() + wait_s
+        steps = self._read_each()
+        while any(s is None for s in steps) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            steps = self._read_each()
+        missing = [shard for shard, s in zip(self._keys, steps) if s is None]
+        if missing:
+            log.warning("trainer %s: no steps document from shard(s) %s after %.0f s; joining at the others'",
+                        self.trainer_id, missing, wait_s)
+        return joining_step(self.mode, [s for s in steps if s is not None])
 
     def after_push(self, step: int, check: Callable[[], None] = lambda: None) -> int:
         """Wait as the mode says after handing `step` to the committer; returns the step to
@@ -92,6 +106,15 @@ class StepGate:
 
     def close(self) -> None:
         self._written.close()
+
+
+def joining_step(mode: str, steps: list[BarrierSteps]) -> int:
+    """The first step of a trainer that joins (or comes back) given the shards' `BarrierSteps`:
+    sync, the step the barrier releases next; bounded, the slowest trainer's step, which would
+    otherwise wait for the newcomer to catch up."""
+    if mode == "sync":
+        return min((s.next for s in steps), default=0)
+    return min((v for s in steps for v in s.trainers.values()), default=-1) + 1
 
 
 def next_step(mode: str, step: int, steps: list[BarrierSteps], trainer_id: str, staleness: int) -> int | None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
+import time
 
 import pytest
 
@@ -15,6 +17,7 @@ from streamtrain.pserver.shard import PserverShard, ShardOptions
 from streamtrain.schemas import BarrierSteps, EtcdKeys, RedisKeys
 from test_trainer import (MODEL, Background, applied_exactly, finished, make_job, shard_stats,
                           trainer_process, write_examples)
+from streamtrain.trainer.steps import StepGate
 from streamtrain.trainer.worker import Trainer
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -99,3 +102,24 @@ def test_bounded_staleness_keeps_trainers_within_s_steps(services, redis_conn, t
     finally:
         background.close()
         coord.close()
+
+
+def test_a_gated_trainer_joins_once_every_shard_has_written_its_steps(redis_conn, unique) -> None:
+    """After a Redis restart (or before the shards are up) there are no steps documents: a
+    trainer must not join at step 0, which in bounded mode would read its own steps as visible
+    at once while the shards remember its predecessor's newer one."""
+    job = unique("join")
+    keys = RedisKeys(job)
+    gate = StepGate(redis_conn, job, 2, "bounded", 2, "t0", max_wait_s=5)
+    redis_conn.set(keys.steps(0), BarrierSteps(0, {"t0": 40, "t1": 37}).to_json())
+    writer = threading.Timer(0.5, lambda: redis_conn.set(keys.steps(1), BarrierSteps(0, {"t0": 41, "t1": 30}).to_json()))
+    began = time.monotonic()
+    writer.start()
+    try:
+        assert gate.first_step(wait_s=10) == 31  # t1's step at shard 1, written 0.5 s later
+        assert time.monotonic() - began >= 0.5
+        redis_conn.delete(keys.steps(1))
+        assert gate.first_step(wait_s=0.3) == 38  # one shard silent past the wait: the others say
+    finally:
+        writer.cancel()
+        gate.close()

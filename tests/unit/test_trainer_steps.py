@@ -1,9 +1,10 @@
-"""When a trainer goes on after a push in the gated modes (`trainer.steps.next_step`)."""
+"""Where a trainer joins and when it goes on after a push in the gated modes
+(`trainer.steps.joining_step`, `trainer.steps.next_step`)."""
 
 from __future__ import annotations
 
 from streamtrain.schemas import BarrierSteps
-from streamtrain.trainer.steps import next_step
+from streamtrain.trainer.steps import joining_step, next_step
 
 
 def shards(*trainers: dict[str, int], next_: int = 0) -> list[BarrierSteps]:
@@ -32,3 +33,9 @@ def test_bounded_waits_while_the_slowest_trainer_is_more_than_staleness_behind()
 def test_bounded_before_any_shard_knows_the_trainer_waits() -> None:
     assert next_step("bounded", 0, shards({}, {}), "a", 2) is None
     assert next_step("bounded", 0, shards({"a": 0}, {"a": 0}), "a", 2) == 1
+
+
+def test_a_trainer_joins_where_the_barrier_is_and_at_0_in_a_job_with_no_steps_yet() -> None:
+    assert joining_step("sync", [BarrierSteps(6), BarrierSteps(4)]) == 4
+    assert joining_step("bounded", shards({"a": 7, "b": 3}, {"a": 9, "b": 5})) == 4
+    assert joining_step("sync", []) == 0 and joining_step("bounded", [BarrierSteps(), BarrierSteps()]) == 0
