@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.chaos import (_PENDING, _UNKNOWN, Fault, Run, expected_counts, fault_log, first_at_or_above, is_back, ledger,
-                         recovery, schedule, trailing_rates, under_schedule)
+from bench.chaos import (_PENDING, _UNKNOWN, RECOVERING_S, Fault, Run, expected_counts, fault_log, first_at_or_above,
+                         holds_schedule, is_back, ledger, recovery, schedule, trailing_rates, under_schedule)
 from streamtrain.schemas import ShardStats
 
 
@@ -108,3 +108,11 @@ def test_the_rate_under_the_schedule_runs_from_the_first_fault_to_one_interval_a
     assert under_schedule(Run("job", 0.0, 30.0, applied), every_s=4.0) is None
     ended = Run("job", 0.0, 12.0, applied[:25], [Fault("trainer", "t0", at=10.0), Fault("shard", "0", at=16.0)])
     assert under_schedule(ended, every_s=4.0)["seconds"] == 2.0  # the job finished before the schedule
+
+
+def test_the_next_fault_waits_until_the_last_ones_target_is_back_or_long_past() -> None:
+    back = Fault("trainer", "t0", at=100.0, mark_kind="trainer", back_at=102.0)
+    restarting = Fault("kafka", "kafka", at=103.0)
+    assert not holds_schedule([back], 104.0)
+    assert holds_schedule([back, restarting], 104.0)
+    assert not holds_schedule([back, restarting], 103.0 + RECOVERING_S)  # never back: not forever
