@@ -23,7 +23,8 @@ fault from `--faults`, in a seeded shuffled order, hits it:
 
 Recovery per fault: **back** is kill -> the process working again (a trainer's or loader's
 pushes published again, a shard publishing again, a master holding the lock again, a service
-answering again; a freeze counts from its SIGCONT), **rate** is kill -> the job's applied rate
+answering again, and Redis holding every shard's parameters again; a freeze counts from its
+SIGCONT), **rate** is kill -> the job's applied rate
 over a 2 s window wholly after the kill back above half the fault-free rate (so never under
 2 s). Reported p50/p99 per kind. The next fault waits until the last one's target is back
 (up to `RECOVERING_S`): each back is one fault's, not the sum of several landing together.
@@ -214,6 +215,14 @@ class Probe:
         if not all(raw):
             return None
         return min(ShardStats.from_json(r).examples for r in raw)
+
+    def published(self) -> bool:
+        """Whether every shard's parameters are in Redis (its version key, which a pull needs,
+        is written by the round that republishes everything after a restart)."""
+        try:
+            return all(self._each(self.redis_keys.version))
+        except Exception:  # noqa: BLE001  Redis away
+            return False
 
     def redis_port(self, shard: int) -> int:
         """The port of the Redis node holding `shard`'s keys now (the slots read anew: an
@@ -407,7 +416,12 @@ class Chaos:
                         time.sleep(0.05)
                     time.sleep(SERVICE_DOWN_S)
                     server.start()
-                    fault.resumed_at = fault.back_at = time.time()
+                    fault.resumed_at = time.time()
+                    # Redis is back for the job once the shards have republished into it (it
+                    # restarts empty); the next fault waits for that, up to RECOVERING_S.
+                    while kind == "redis" and not probe.published() and time.time() - now < RECOVERING_S:
+                        time.sleep(0.1)
+                    fault.back_at = time.time()
                 except BaseException as exc:  # raised by the main loop
                     self._restart_errors.append(exc)
 
