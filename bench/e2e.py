@@ -166,8 +166,7 @@ class BareModel(nn.Module):
 def hashed(model: ClickModel, c: ImpressionColumns, buckets: int) -> torch.Tensor:
     """(n, fields) row indexes: the features the job trains on, each field's ids salted by the
     field and mixed by splitmix64, modulo the buckets (trainer/features.py). Done once before the
-    loop: a cruder hash (a multiply and a modulo) cost the bare loop about 0.003 AUC in
-    collisions, a difference of features rather than of training."""
+    loop, so that the two runs differ in how they train, not in their features."""
     idx = np.stack([mix64(c.ids[f].astype(np.uint64) ^ name_salt(f)) % np.uint64(buckets) for f in model.fields],
                    axis=1)
     return torch.from_numpy(idx.astype(np.int64))
