@@ -24,6 +24,8 @@ import logging
 import time
 from collections.abc import Callable
 
+import redis
+
 from streamtrain.jobstate.redisnodes import Client, ShardNodes
 from streamtrain.jobstate.watches import ChannelWatch
 from streamtrain.schemas import BarrierSteps, RedisKeys
@@ -56,6 +58,13 @@ class StepGate:
         raw = self._nodes.get_each(self._keys)
         return [BarrierSteps.from_json(raw[s]) if raw[s] else None for s in self._keys]
 
+    def _read_if_up(self) -> list[BarrierSteps | None]:
+        """As `_read_each`; none read while Redis is away (it may be restarting)."""
+        try:
+            return self._read_each()
+        except (redis.ConnectionError, redis.TimeoutError):
+            return [None] * len(self._keys)
+
     def first_step(self, wait_s: float = 10.0) -> int:
         """A trainer joins at the step the barrier is at (`joining_step`), read once every
         shard has written its steps document, for up to `wait_s`. Shards write theirs at every
@@ -63,17 +72,17 @@ class StepGate:
         a Redis just restarted empty, has none. Joining at 0 there would be wrong: the shards
         still remember this trainer's predecessor's newer step, so in bounded mode its own
         steps would read as visible at once and it would train on rows missing its own pushes
-        until it passed that step."""
+        until it passed that step. Redis away counts as no document yet."""
         deadline = time.monotonic() + wait_s
-        steps = self._read_each()
+        steps = self._read_if_up()
         while any(s is None for s in steps) and time.monotonic() < deadline:
             time.sleep(0.1)
-            steps = self._read_each()
+            steps = self._read_if_up()
         missing = [shard for shard, s in zip(self._keys, steps) if s is None]
         if missing:
             log.warning("trainer %s: no steps document from shard(s) %s after %.0f s; joining at the others'",
                         self.trainer_id, missing, wait_s)
-        return joining_step(self.mode, [s for s in steps if s is not None])
+        return joining_step(self.mode, [s for s in steps if s is not None], self.trainer_id)
 
     def after_push(self, step: int, check: Callable[[], None] = lambda: None) -> int:
         """Wait as the mode says after handing `step` to the committer; returns the step to
@@ -108,13 +117,17 @@ class StepGate:
         self._written.close()
 
 
-def joining_step(mode: str, steps: list[BarrierSteps]) -> int:
-    """The first step of a trainer that joins (or comes back) given the shards' `BarrierSteps`:
-    sync, the step the barrier releases next; bounded, the slowest trainer's step, which would
-    otherwise wait for the newcomer to catch up."""
+def joining_step(mode: str, steps: list[BarrierSteps], trainer_id: str) -> int:
+    """The first step of trainer `trainer_id` joining (or coming back) given the shards'
+    `BarrierSteps`: sync, the step the barrier releases next; bounded, the slowest trainer's
+    step, which would otherwise wait for the newcomer to catch up, and past every step the
+    shards remember of this trainer's predecessor (a step at or below it would read as visible
+    at once, `next_step`)."""
     if mode == "sync":
         return min((s.next for s in steps), default=0)
-    return min((v for s in steps for v in s.trainers.values()), default=-1) + 1
+    slowest = min((v for s in steps for v in s.trainers.values()), default=-1)
+    own = max((s.trainers.get(trainer_id, -1) for s in steps), default=-1)
+    return max(slowest, own) + 1
 
 
 def next_step(mode: str, step: int, steps: list[BarrierSteps], trainer_id: str, staleness: int) -> int | None:

@@ -36,6 +36,12 @@ def test_bounded_before_any_shard_knows_the_trainer_waits() -> None:
 
 
 def test_a_trainer_joins_where_the_barrier_is_and_at_0_in_a_job_with_no_steps_yet() -> None:
-    assert joining_step("sync", [BarrierSteps(6), BarrierSteps(4)]) == 4
-    assert joining_step("bounded", shards({"a": 7, "b": 3}, {"a": 9, "b": 5})) == 4
-    assert joining_step("sync", []) == 0 and joining_step("bounded", [BarrierSteps(), BarrierSteps()]) == 0
+    assert joining_step("sync", [BarrierSteps(6), BarrierSteps(4)], "c") == 4
+    assert joining_step("bounded", shards({"a": 7, "b": 3}, {"a": 9, "b": 5}), "c") == 4
+    assert joining_step("sync", [], "c") == 0 and joining_step("bounded", [BarrierSteps(), BarrierSteps()], "c") == 0
+
+
+def test_a_bounded_trainer_coming_back_joins_past_its_predecessors_steps() -> None:
+    # b's predecessor reached 9 at one shard: b's steps up to 9 would read as visible at once
+    assert joining_step("bounded", shards({"a": 7, "b": 3}, {"a": 9, "b": 9}), "b") == 10
+    assert joining_step("bounded", shards({"a": 7, "b": 3}, {"a": 9, "b": 5}), "b") == 6
