@@ -126,13 +126,23 @@ class Master:
         try:
             self._publish_config()
             self._load()
+            stale = False
             while not stop.is_set():
                 try:
+                    if stale:
+                        self._load()
+                        stale = False
                     self.step()
                 except InputUnavailableError as exc:
                     log.warning("%s; retrying", exc)
                 except CoordinationError as exc:  # etcd away: the lock's lease decides who leads
+                    # A write that failed may still have been applied (etcd killed before it
+                    # answered), and a round may have stopped between two writes: the cursors
+                    # held here are read again before the next write. Kept, a fold applied
+                    # but not seen here left two tasks deleted with the watermark below them,
+                    # and the next slice wrote that watermark back: the job never finished.
                     log.warning("%s; retrying in %.0f s", exc, ETCD_AWAY_S)
+                    stale = True
                     stop.wait(ETCD_AWAY_S)
                 stop.wait(self.config.master.poll_ms / 1000)
         finally:

@@ -11,13 +11,13 @@ import time
 
 import pytest
 
-from conftest import (FakeTrainer, MasterProcess, assert_exact_cover, cursors, job_config,
+from conftest import (FakeTrainer, MasterProcess, MasterThread, assert_exact_cover, cursors, job_config,
                       leader_name, produce, stable_ends, wait_for, write_job_file)
-from streamtrain.jobstate.errors import NotLeaderError
+from streamtrain.jobstate.errors import CoordinationError, NotLeaderError
 from streamtrain.jobstate.etcd import Etcd, put_op
 from streamtrain.jobstate.tasks import TaskClient
 from streamtrain.master.service import Master
-from streamtrain.schemas import EtcdKeys
+from streamtrain.schemas import EtcdKeys, JobState
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -146,6 +146,43 @@ def test_every_master_write_is_refused_once_another_master_holds_the_lock(
     with pytest.raises(NotLeaderError):
         master.lock.write([put_op(keys.prefix + "probe", b"x")])
     assert etcd.get(keys.prefix + "probe") is None
+    etcd.close()
+
+
+class AnswerLost(Etcd):
+    """etcd killed after it applied a transaction and before it answered: the first
+    transaction that folds done tasks is applied, then reported as failed."""
+
+    lost = False
+
+    def txn(self, compare, success, failure=()):
+        result = super().txn(compare, success, failure)
+        if not self.lost and any("/tasks/done/" in str(getattr(op, "key", "")) for op in success):
+            self.lost = True
+            raise CoordinationError("txn: etcd went away before it answered")
+        return result
+
+
+def test_a_fold_applied_but_answered_as_failed_loses_no_task(services, topic_factory, unique) -> None:
+    """Issue 16's full chaos profile: a fold that etcd applied as it was killed, but that the
+    master saw fail, left the master's cursor below the tasks the fold had deleted; no task
+    after it could fold, its next slice wrote the stale watermark back, and the job never
+    finished. The master now reads its cursors again after any failed round."""
+    topic = topic_factory("answer-lost")
+    produce(services, topic, {0: 200})
+    config = job_config(unique("answer-lost"), topic, tasks={"max_records": 10}, input={"passes": 1})
+    etcd = Etcd.connect(services)
+    trainer = FakeTrainer(TaskClient(etcd, config.name, "t1", config.tasks.timeout_s, config.tasks.max_attempts))
+    flaky = AnswerLost.connect(services)
+    master = MasterThread(Master(flaky, services, config))
+    state_key = EtcdKeys(config.name).state
+    try:
+        wait_for(lambda: not trainer.drain_once() and etcd.get(state_key) is not None, 60, "job finished")
+    finally:
+        master.close()
+        flaky.close()
+    assert flaky.lost and JobState.from_json(etcd.get(state_key).value).finished
+    assert_exact_cover(trainer.completed, {(topic, 0): 200})
     etcd.close()
 
 
