@@ -1,8 +1,8 @@
 """The trainer's side of the parameters: pulling rows and dense blocks from Redis into the
 torch model, and turning the gradients of a push group into one GradientDelta per shard.
 
-Dense parameters are split into blocks of `BLOCK` values, addressed `(parameter name, block)`,
-owned by the shard the slot map says. A shard stores and updates what training has added to a
+Dense parameters, end to end, are cut into blocks of `BLOCK` values, addressed `(the layout's
+name, block)` (`DenseLayout`), each owned by the shard the slot map says. A shard stores and updates what training has added to a
 block, starting from zero; the parameter's value is the model's own initial value plus that.
 The model is built under a fixed seed (`trainer.models.MODEL_SEED`), so its initial values,
 PyTorch's own initialisation of each layer, are the same in every process without the shards
@@ -68,62 +68,110 @@ class RowLayout:
 
 @dataclass(frozen=True)
 class _Block:
-    param: str
+    param: str  # the layout's name: every block of a model has it
     block: int
+    start: int  # the block's values in the layout's vector
+    stop: int
+
+
+@dataclass(frozen=True)
+class _Segment:
+    """Where one parameter's values lie in the layout's vector."""
+
     tensor: nn.Parameter
     start: int
     stop: int
 
 
+def dense_name(params: list[tuple[str, nn.Parameter]]) -> str:
+    """The name of a model's dense blocks: a digest of its parameters' names and shapes, so a
+    model whose layers change meets blocks of its own rather than values laid out for others."""
+    shapes = ";".join(f"{name}:{'x'.join(str(d) for d in p.shape)}" for name, p in params)
+    return "dense-" + hashlib.sha256(shapes.encode()).hexdigest()[:16]
+
+
 class DenseLayout:
-    """The model's dense parameters as blocks; takes each block's initial value from the model
-    as built (seeded: `trainer.models.build_model`)."""
+    """The model's dense parameters end to end, in `named_parameters` order, as one vector cut
+    into blocks of `BLOCK` values, `(name, block)`; takes the initial values from the model as
+    built (seeded: `trainer.models.build_model`).
+
+    Blocks span parameters rather than each parameter being blocks of its own: a deep model's
+    biases and small layers were blocks of 1 to 256 values (WideDeep's 6,529 values made 7
+    blocks, now 2), and each block costs every push, pull, apply and publish a few Python
+    objects and Redis keys whatever its size (bench/RESULTS.md). A parameter without a
+    gradient in a step, in a block where others have one, sends zeros: its optimizer state
+    moves on as if it had a zero gradient (torch.optim would skip it; the built-in models use
+    every parameter every step)."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.blocks: list[_Block] = []
-        self._initial: dict[tuple[str, int], np.ndarray] = {}
-        for name, param in model.named_parameters():
-            flat = param.detach().reshape(-1).cpu().numpy()
-            for b, start in enumerate(range(0, param.numel(), BLOCK)):
-                stop = min(start + BLOCK, param.numel())
-                self.blocks.append(_Block(name, b, param, start, stop))
-                self._initial[(name, b)] = flat[start:stop].astype(np.float32, copy=True)
-        self._loaded: dict[tuple[str, int], np.ndarray] = {}  # the array each block was last loaded from
+        params = list(model.named_parameters())
+        self.name = dense_name(params)
+        self._segments: list[_Segment] = []
+        at = 0
+        for _, param in params:
+            self._segments.append(_Segment(param, at, at + param.numel()))
+            at += param.numel()
+        self.size = at
+        self._initial = np.concatenate(
+            [p.detach().reshape(-1).cpu().numpy().astype(np.float32) for _, p in params]
+        ) if params else np.zeros(0, dtype=np.float32)
+        self._initial.flags.writeable = False
+        self.blocks = [_Block(self.name, b, start, min(start + BLOCK, at)) for b, start in enumerate(range(0, at, BLOCK))]
+        # The parameters each block holds values of (by position in `_segments`).
+        self._spans = {b.block: [i for i, s in enumerate(self._segments) if s.start < b.stop and b.start < s.stop]
+                       for b in self.blocks}
+        self._values = self._initial.copy()  # what the parameters hold
+        self._loaded: dict[tuple[str, int], np.ndarray | None] = {}  # the array each block was last loaded from
 
     def initial(self, block: _Block) -> np.ndarray:
-        return self._initial[(block.param, block.block)]
+        return self._initial[block.start:block.stop]
 
     @torch.no_grad()
     def load(self, values: dict[tuple[str, int], np.ndarray]) -> None:
         """Pulled blocks (what training added) onto their initial values, into the parameters;
         blocks not pulled get their initial value."""
+        changed = []
         for block in self.blocks:
             key = (block.param, block.block)
             found = values.get(key)
             if found is not None and self._loaded.get(key) is found:
                 continue  # the same (read-only) array as last time: ParamClient pulled the same bytes
             self._loaded[key] = found
-            data = self.initial(block) if found is None else self.initial(block) + np.asarray(found, np.float32)
-            flat = block.tensor.data.view(-1)
-            flat[block.start:block.stop] = torch.from_numpy(np.array(data, dtype=np.float32)).to(flat.device)
+            part = self._values[block.start:block.stop]
+            if found is None:
+                part[:] = self.initial(block)
+            else:
+                np.add(self.initial(block), found, out=part)
+            changed.append(block)
+        self._write(changed)
 
     @torch.no_grad()
     def add(self, changes: dict[tuple[str, int], np.ndarray]) -> None:
         """Add `changes` to blocks of the parameters (a push's estimated effect, trainer/own.py)."""
+        changed = []
         for block in self.blocks:
             change = changes.get((block.param, block.block))
             if change is not None:
-                flat = block.tensor.data.view(-1)
-                flat[block.start:block.stop] += torch.from_numpy(change).to(flat.device)
+                self._values[block.start:block.stop] += change
+                changed.append(block)
+        self._write(changed)
 
     def gradients(self) -> list[tuple[str, int, np.ndarray]]:
-        out = []
-        for block in self.blocks:
-            grad = block.tensor.grad
-            if grad is not None:
-                out.append((block.param, block.block,
-                            grad.detach().view(-1)[block.start:block.stop].cpu().numpy().copy()))
-        return out
+        """The blocks' gradients (block name, block, values), of blocks where some parameter
+        has one: fresh arrays, one copy of them all."""
+        grads = [s.tensor.grad for s in self._segments]
+        if all(g is None for g in grads):
+            return []
+        flat = torch.cat([s.tensor.new_zeros(s.stop - s.start) if g is None else g.detach().reshape(-1)
+                          for s, g in zip(self._segments, grads)]).cpu().numpy()
+        return [(b.param, b.block, flat[b.start:b.stop]) for b in self.blocks
+                if any(grads[i] is not None for i in self._spans[b.block])]
+
+    def _write(self, blocks: list[_Block]) -> None:
+        """The parameters overlapping `blocks`, from `_values`."""
+        for i in sorted({i for b in blocks for i in self._spans[b.block]}):
+            s = self._segments[i]
+            s.tensor.data.view(-1).copy_(torch.from_numpy(self._values[s.start:s.stop]))
 
 
 @dataclass(frozen=True)

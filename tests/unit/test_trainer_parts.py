@@ -18,7 +18,7 @@ from streamtrain.trainer.decoders import ChunkDecoder, DecodeError, make_decoder
 from streamtrain.trainer.features import Batch, Columns, Featurizer, MiniBatches, pool
 from streamtrain.trainer.metrics import auc
 from streamtrain.trainer.models import DeepFM, LogisticRegression, ModelSpec, WideDeep
-from streamtrain.trainer.params import DenseLayout, GradientBuffer, RowLayout
+from streamtrain.trainer.params import BLOCK, DenseLayout, GradientBuffer, RowLayout
 
 
 def config(**input_section) -> JobConfig:
@@ -365,12 +365,47 @@ def test_dense_blocks_load_as_the_initial_value_plus_what_the_shards_trained() -
     model = WideDeep(ModelSpec(("a",), 2, 4))
     initial = {name: p.detach().clone() for name, p in model.named_parameters()}
     layout = DenseLayout(model)
-    trained = np.full(model.deep[0].weight.numel(), 0.5, dtype=np.float32)
-    layout.load({("deep.0.weight", 0): trained})
-    assert torch.allclose(model.deep[0].weight, initial["deep.0.weight"] + 0.5)
-    assert torch.equal(model.deep[0].bias, initial["deep.0.bias"])  # not pulled: its initial value
+    first = layout.blocks[0]
+    assert (first.param, first.block, first.start) == (layout.name, 0, 0)
+    trained = np.full(first.stop - first.start, 0.5, dtype=np.float32)
+    layout.load({(layout.name, 0): trained})
+    assert torch.allclose(model.deep[0].weight, initial["deep.0.weight"] + 0.5)  # the block's first values
     layout.load({})
     assert all(torch.equal(p, initial[name]) for name, p in model.named_parameters())
+
+
+def test_dense_blocks_span_parameters_end_to_end() -> None:
+    model = WideDeep(ModelSpec(tuple("abcdefgh"), 4, 8))  # 68 -> 64 -> 32 -> 1: 6,529 values
+    names = [name for name, _ in model.named_parameters()]
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+    layout = DenseLayout(model)
+    assert [(b.block, b.start, b.stop) for b in layout.blocks] == [(0, 0, BLOCK), (1, BLOCK, 6529)]
+    assert layout.name == DenseLayout(WideDeep(ModelSpec(tuple("abcdefgh"), 4, 8))).name  # in every process
+    assert layout.name != DenseLayout(WideDeep(ModelSpec(tuple("abcdefgh"), 4, 16))).name  # other shapes
+    # The second block holds the end of the first layer's weights and every parameter after them.
+    layout.load({(layout.name, 1): np.ones(6529 - BLOCK, dtype=np.float32)})
+    weight = model.deep[0].weight.detach().reshape(-1)
+    assert torch.equal(weight[:BLOCK], initial["deep.0.weight"].reshape(-1)[:BLOCK])
+    assert torch.allclose(weight[BLOCK:], initial["deep.0.weight"].reshape(-1)[BLOCK:] + 1)
+    assert all(torch.allclose(p, initial[n] + 1) for n, p in model.named_parameters() if n != "deep.0.weight")
+    layout.add({(layout.name, 0): np.full(BLOCK, 2, dtype=np.float32)})
+    assert torch.allclose(model.deep[0].weight.detach().reshape(-1)[:BLOCK], initial["deep.0.weight"].reshape(-1)[:BLOCK] + 2)
+    for name, p in model.named_parameters():
+        p.grad = torch.full_like(p, float(names.index(name)))
+    grads = layout.gradients()
+    assert [(param, block, len(values)) for param, block, values in grads] == [(layout.name, 0, BLOCK), (layout.name, 1, 6529 - BLOCK)]
+    together = np.concatenate([values for _, _, values in grads])
+    assert np.array_equal(together, np.concatenate([np.full(p.numel(), names.index(n), np.float32)
+                                                    for n, p in model.named_parameters()]))
+
+
+def test_a_dense_block_without_any_gradient_is_not_sent_and_a_missing_one_beside_others_is_zeros() -> None:
+    model = WideDeep(ModelSpec(tuple("abcdefgh"), 4, 8))
+    layout = DenseLayout(model)
+    assert layout.gradients() == []
+    model.deep[4].bias.grad = torch.ones(1)  # the last value of the second block only
+    grads = layout.gradients()
+    assert [(block, int(np.count_nonzero(values)), float(values[-1])) for _, block, values in grads] == [(1, 1, 1.0)]
 
 
 def test_a_models_tables_are_stored_as_one_row_per_id_and_split_back() -> None:
