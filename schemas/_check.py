@@ -119,6 +119,16 @@ class Check:
             raise self.error(f"{field}ids", f"{ids.size} rows, at most {U32_MAX} per {per}")
         return ids.astype(np.uint64, copy=False), values
 
+    def decoded_rows(self, field: str, table: str, values: np.ndarray) -> None:
+        """What is left to check of a table's rows as `Reader.table_rows` read them (uint64
+        ids, float32 rows, as many as ids, of a u16 width): the name, the width and that the
+        values are finite. Fields `<field>table` and `<field>values`."""
+        if not table:
+            raise self.error(f"{field}table", "must not be empty")
+        if values.shape[1] < 1:
+            raise self.error(f"{field}values", f"dim {values.shape[1]} is out of range [1, {U16_MAX}]")
+        self.finite(f"{field}values", values)
+
     def float_array(self, field: str, values: object, ndim: int) -> np.ndarray:
         """Any floating array of the right rank, as C-contiguous float32 (no copy if it already is)."""
         if not isinstance(values, np.ndarray):

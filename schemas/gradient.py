@@ -8,7 +8,7 @@ from typing import Literal
 import numpy as np
 
 from ._binary import BytesLike, Reader, Writer, le
-from ._check import U16_MAX, U32_MAX, U64_MAX, Check, nested
+from ._check import U32_MAX, U64_MAX, Check, nested
 from .errors import SchemaError
 
 VERSION = 1
@@ -96,11 +96,7 @@ class SparseRows:
     def _decoded(cls, table: str, ids: np.ndarray, values: np.ndarray) -> SparseRows:
         """From fields `GradientDelta.from_bytes` read (uint64 ids, float32 rows, as many as
         ids, of a u16 width): as `DenseSlice._decoded`."""
-        if not table:
-            raise _rows_check.error("table", "must not be empty")
-        if values.shape[1] < 1:
-            raise _rows_check.error("values", f"dim {values.shape[1]} is out of range [1, {U16_MAX}]")
-        _rows_check.finite("values", values)
+        _rows_check.decoded_rows("", table, values)
         out = object.__new__(cls)
         out.__dict__.update(table=table, ids=ids, values=values)
         return out

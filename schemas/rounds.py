@@ -38,11 +38,7 @@ class RoundRows:
         """From fields `PublishedRound.from_bytes` read (uint64 ids, float32 rows, as many as
         ids, of a u16 width): what is left to check is a name, a width and finite values.
         Trainers decode a few rounds every pull, and the full checks were half of it."""
-        if not table:
-            raise _check.error("rows.table", "must not be empty")
-        if values.shape[1] < 1:
-            raise _check.error("rows.values", f"dim {values.shape[1]} is out of range [1, {U16_MAX}]")
-        _check.finite("rows.values", values)
+        _check.decoded_rows("rows.", table, values)
         out = object.__new__(cls)
         out.__dict__.update(table=table, ids=ids, values=values)
         return out
