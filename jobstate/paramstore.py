@@ -29,7 +29,7 @@ import redis
 
 from streamtrain.jobstate import resp
 from streamtrain.jobstate.redisnodes import Client, ShardNodes, moved
-from streamtrain.jobstate.rows import initial_rows
+from streamtrain.jobstate.rows import initial_rows, row_view
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.schemas import (AppliedSteps, FlushMark, ParamBlock, PublishedRound, RedisKeys, SchemaError,
                                 StreamtrainError, decode_rows)
@@ -222,15 +222,19 @@ class ParamClient:
                 at += 1
             for table, where in read.rows:
                 got, ok = decode_rows(reply[at], rows[table][1])
-                values[table][where] = got
+                if isinstance(where, slice):
+                    values[table][where] = got
+                else:  # whole rows by put: indexing rows with an array copied at half the speed
+                    np.put(row_view(values[table]), where, row_view(got))
                 present[table][where] = ok
                 at += 1
             if read.rounds:
                 got_rounds.update(self._rounds({read.shard: b""}, reply[at]))
         for table, (ids, dim) in rows.items():
-            missing = ~present[table]
-            if missing.any():
-                values[table][missing] = initial_rows(table, ids[missing], dim, self.init_scale)
+            missing = np.flatnonzero(~present[table])
+            if len(missing):
+                np.put(row_view(values[table]), missing,
+                       row_view(initial_rows(table, ids.take(missing), dim, self.init_scale)))
         return Pull(values, found, versions, applied, got_rounds, flushed)
 
     @staticmethod

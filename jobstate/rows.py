@@ -163,10 +163,11 @@ class RowTable:
             new_ids = ids[missing]
             start = self.size
             self._reserve(start + len(new_ids))
-            new_rows = np.arange(start, start + len(new_ids), dtype=np.int64)
-            self.ids[new_rows] = new_ids
+            stop = start + len(new_ids)
+            new_rows = np.arange(start, stop, dtype=np.int64)
+            self.ids[start:stop] = new_ids  # slices, not the rows' indexes: a copy, not a scatter
             if self.init_scale:  # else they stay the zeros they were allocated as
-                self.values[new_rows] = initial_rows(self.name, new_ids, self.dim, self.init_scale)
+                self.values[start:stop] = initial_rows(self.name, new_ids, self.dim, self.init_scale)
             self.index.insert(new_ids, new_rows)
             self.size += len(new_ids)
             rows[missing] = new_rows

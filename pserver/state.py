@@ -139,7 +139,7 @@ def newest(ids: list[np.ndarray], values: list[np.ndarray]) -> tuple[np.ndarray,
         return ids[0], values[0]
     later_first = np.concatenate(ids[::-1])
     distinct, first = np.unique(later_first, return_index=True)
-    return distinct, np.concatenate(values[::-1])[first]
+    return distinct, np.concatenate(values[::-1]).take(first, axis=0)
 
 
 def _distinct(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

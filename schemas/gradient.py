@@ -54,10 +54,11 @@ class DenseSlice:
         object.__setattr__(self, "values", values)
 
     @classmethod
-    def _decoded(cls, param: str, block: int, offset: int, values: np.ndarray) -> DenseSlice:
-        """From fields `GradientDelta.from_bytes` read: their wire widths bound the name and
-        the integers, and `values` is a 1-D float32 array, so what is left to check is that
-        the name is not empty and the values finite. A shard decodes several slices a push,
+    def of_wire_types(cls, param: str, block: int, offset: int, values: np.ndarray) -> DenseSlice:
+        """From fields that have the wire's types already (`GradientDelta.from_bytes` read
+        them, or a trainer made them): a name of at most 255 bytes, integers in range,
+        `values` a 1-D C-contiguous float32 array. Checks only that the name is not empty
+        and the values finite: a shard decodes, and a trainer builds, several slices a push,
         and the full checks were half of decoding."""
         if not param:
             raise _slice_check.error("param", "must not be empty")
@@ -93,9 +94,9 @@ class SparseRows:
         object.__setattr__(self, "values", values)
 
     @classmethod
-    def _decoded(cls, table: str, ids: np.ndarray, values: np.ndarray) -> SparseRows:
-        """From fields `GradientDelta.from_bytes` read (uint64 ids, float32 rows, as many as
-        ids, of a u16 width): as `DenseSlice._decoded`."""
+    def of_wire_types(cls, table: str, ids: np.ndarray, values: np.ndarray) -> SparseRows:
+        """From arrays of the wire's types (1-D uint64 ids; C-contiguous float32 rows, as many
+        as ids, of a u16 width), as `DenseSlice.of_wire_types`."""
         _rows_check.decoded_rows("", table, values)
         out = object.__new__(cls)
         out.__dict__.update(table=table, ids=ids, values=values)
@@ -202,7 +203,7 @@ class GradientDelta:
             r.align(_ALIGN, f"{at}.padding")
             values = _widen(r.array(wire, count, f"{at}.values"))
             try:
-                dense.append(DenseSlice._decoded(param, block, offset, values))
+                dense.append(DenseSlice.of_wire_types(param, block, offset, values))
             except SchemaError as err:
                 raise nested(err, _check, at) from err
         sparse = []
@@ -211,7 +212,7 @@ class GradientDelta:
             table, ids, values = r.table_rows(at, wire)
             values = _widen(values)
             try:
-                sparse.append(SparseRows._decoded(table, ids, values))
+                sparse.append(SparseRows.of_wire_types(table, ids, values))
             except SchemaError as err:
                 raise nested(err, _check, at) from err
         r.finish()

@@ -103,10 +103,11 @@ class RowReplica:
             for shard in self._positions:
                 self._restart(shard)
         self._reserve(self._size + n)
-        slots = np.arange(self._size, self._size + n, dtype=np.int64)
-        self._ids[slots] = ids
-        self._owners[slots] = owners
-        self._values[slots] = values
+        start, stop = self._size, self._size + n
+        slots = np.arange(start, stop, dtype=np.int64)
+        self._ids[start:stop] = ids
+        self._owners[start:stop] = owners
+        self._values[start:stop] = values
         self._index.insert(ids, slots)
         self._size += n
         return slots
@@ -175,10 +176,12 @@ class RowReplica:
             if held.all():
                 np.put(row_view(self._values), slots, row_view(np.ascontiguousarray(rows.values)))
                 continue
+            # `take` rather than indexing rows with a mask: a copy of whole rows at once.
             if held.any():
-                np.put(row_view(self._values), slots[held], row_view(np.ascontiguousarray(rows.values[held])))
-            new = ~held
-            self.insert(rows.ids[new], np.full(int(new.sum()), shard, np.int32), rows.values[new])
+                at = np.flatnonzero(held)
+                np.put(row_view(self._values), slots.take(at), row_view(rows.values.take(at, axis=0)))
+            new = np.flatnonzero(~held)
+            self.insert(rows.ids.take(new), np.full(len(new), shard, np.int32), rows.values.take(new, axis=0))
 
     def _restart(self, shard: int) -> None:
         mark = self._flushed[shard]
