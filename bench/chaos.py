@@ -56,7 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.e2e import MODELS, Workload, children, examples, job_toml, quality, steady_rate, write_log
+from bench.e2e import MODELS, Workload, children, examples, job_toml, quality, start_time, steady_rate, write_log
 from streamtrain.infra import Endpoints, LocalServices, Ports
 from streamtrain.infra.clients import redis_client
 from streamtrain.infra.etcd_server import is_leader
@@ -444,10 +444,10 @@ class Chaos:
         target_kind = child.name.split("-")[0]
         target = child.name.split("-", 1)[1] if target_kind != "master" else "master"
         if kind == "loader":
-            loaders = children(pid)
+            loaders = [(started, p) for p in children(pid) if (started := start_time(p)) is not None]
             if not loaders:
                 return None
-            pid = loaders[0]
+            pid = min(loaders)[1]  # the one reading: its standby is always younger (trainer/loader.py)
         fault = Fault(f"freeze {target_kind}" if kind == "freeze" else kind, target, now, pid, target_kind,
                       before=_PENDING)
         if target_kind == "shard":

@@ -256,6 +256,15 @@ def proc_stat(pid: int) -> tuple[float, int] | None:
     return used, next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:")), 0)
 
 
+def start_time(pid: int) -> int | None:
+    """When `pid` started, in clock ticks since boot (None: gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])  # field 22; the name before ")" may hold spaces
+
+
 def children(pid: int) -> list[int]:
     found = []
     for task in Path(f"/proc/{pid}/task").glob("*"):

@@ -14,7 +14,9 @@ of a restarted trainer's recovery was its imports. `spares` of them are kept, ea
 spare), so that they do not compete with the children they would stand in for while those
 start, nor with each other. A restart that took a spare imports nothing: the next spare starts
 at once. One spare was not enough: on a busy machine a spare's imports take 5-10 s, and a
-second kill within that found it still importing (bench/RESULTS.md, 2026-11-27).
+second kill within that found it still importing; nor were two: the full chaos profile's
+slowest trainer recovery came after three other restarts within 10 s had taken both and it
+started cold (bench/RESULTS.md).
 
 Not thread-safe: call `poll()` and `stop()` from the thread that called `start()` (the parent-death
 signal is tied to the thread that forked the child).
@@ -36,7 +38,7 @@ from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
 SPARE_AFTER_S = 5.0
-SPARES = 2
+SPARES = 3
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec

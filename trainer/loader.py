@@ -15,10 +15,16 @@ back-pressure that keeps the child at most a chunk or two ahead of the trainer's
 child exits when the trainer closes the loader or its socket reaches end of file, which is
 also what a SIGKILLed trainer leaves it.
 
-A child that dies (killed, out of memory) is started again and the range goes on from the
-record after the last chunk handed over; mini-batches are cut from the records, not the chunks,
-so the task trains as it would have. A child that dies again before handing over another chunk
+A child that dies (killed, out of memory) is replaced and the range goes on from the record
+after the last chunk handed over; mini-batches are cut from the records, not the chunks, so
+the task trains as it would have. A child that dies again before handing over another chunk
 (a record that crashes the decoder, say) is a `LoaderError`.
+
+The replacement is a standby: a second child, started once the first is ready, that has
+imported, built its reader and decoder and waits. Starting a child cold is an interpreter's
+imports, which on a busy machine took seconds: most of a killed loader's recovery, and all of
+its slowest ones (bench/RESULTS.md). A standby taken is replaced once it is ready in turn, so
+it does not compete with it. The active child is always the older of the two.
 """
 
 from __future__ import annotations
@@ -91,51 +97,88 @@ class _ChildGone(LoaderError):
     """The child process is gone (its socket closed)."""
 
 
-class RecordLoader:
-    """The trainer's side: one child process, one range read at a time."""
+class _Child:
+    """A loader child and the trainer's end of its socket, sent the spec."""
 
     def __init__(self, spec: LoaderSpec) -> None:
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # user decoders
+        self.proc = subprocess.Popen([sys.executable, "-m", "streamtrain.trainer.loader", str(theirs.fileno())],
+                                     pass_fds=[theirs.fileno()], env=env)
+        theirs.close()
+        self.conn = Connection(ours.detach())
+        try:
+            self.conn.send(spec)
+        except OSError:
+            pass  # gone already: its first receive says so
+        self.ready = False
+
+    def close(self, wait_s: float = 5.0) -> None:
+        """Tell it to exit (end of requests), then wait for it, killing it after `wait_s`."""
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        self.conn.close()
+        try:
+            self.proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def kill(self) -> None:
+        self.conn.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+class RecordLoader:
+    """The trainer's side: one child process reading one range at a time, and its standby."""
+
+    def __init__(self, spec: LoaderSpec, standby: bool = True) -> None:
+        """`standby`: keep a second child ready to take over (module doc)."""
         self._spec = spec
         self._request = 0
         self.restarts = 0
         self._gone: Exception | None = None  # the child died while a read was being given up
-        self._start()
-
-    def _start(self) -> None:
-        ours, theirs = socket.socketpair()
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # user decoders
-        self._proc = subprocess.Popen([sys.executable, "-m", "streamtrain.trainer.loader", str(theirs.fileno())],
-                                      pass_fds=[theirs.fileno()], env=env)
-        theirs.close()
-        self._conn = Connection(ours.detach())
-        self._conn.send(self._spec)
-        self._ready = False
+        self._child = _Child(spec)
+        self._keep_standby = standby
+        self._standby: _Child | None = None
 
     def _restart(self, reason: Exception) -> None:
-        log.warning("record loader (pid %d) died (%s); starting another", self._proc.pid, reason)
-        self._conn.close()
-        if self._proc.poll() is None:
-            self._proc.kill()
-        self._proc.wait()
+        standby, self._standby = self._standby, None
+        took = standby is not None and standby.proc.poll() is None
+        log.warning("record loader (pid %d) died (%s); %s", self._child.proc.pid, reason,
+                    f"its standby (pid {standby.proc.pid}) takes over" if took else "starting another")
+        self._child.kill()
         self.restarts += 1
-        self._start()
+        if standby is not None and not took:
+            standby.kill()
+        self._child = standby if took else _Child(self._spec)
 
     @property
     def pid(self) -> int:
-        return self._proc.pid
+        return self._child.proc.pid
+
+    @property
+    def standby_pid(self) -> int | None:
+        return None if self._standby is None else self._standby.proc.pid
 
     def wait_ready(self) -> None:
-        """Block until the child has its reader and decoder.
+        """Block until the child has its reader and decoder; then start its standby.
 
         Raises:
             LoaderError: it could not start; or the error it met building them (a user
                 decoder that does not import, say).
         """
-        if not self._ready:
+        if not self._child.ready:
             kind, body = self._recv()
             if kind == "error":
                 raise body
-            self._ready = True
+            self._child.ready = True
+        if self._keep_standby and self._standby is None:
+            self._standby = _Child(self._spec)
 
     def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[Loaded]:
         """The chunks of `[start, end)`. Closing the iterator early tells the child to stop
@@ -200,28 +243,22 @@ class RecordLoader:
 
     def _send(self, message: object) -> None:
         try:
-            self._conn.send(message)
+            self._child.conn.send(message)
         except OSError as exc:
-            raise _ChildGone(f"the record loader (pid {self._proc.pid}) is gone: {exc}") from exc
+            raise _ChildGone(f"the record loader (pid {self._child.proc.pid}) is gone: {exc}") from exc
 
     def _recv(self) -> tuple[str, object]:
         try:
-            return self._conn.recv()
+            return self._child.conn.recv()
         except (EOFError, OSError) as exc:
-            raise _ChildGone(f"the record loader (pid {self._proc.pid}) died "
-                             f"(exit code {self._proc.poll()})") from exc
+            raise _ChildGone(f"the record loader (pid {self._child.proc.pid}) died "
+                             f"(exit code {self._child.proc.poll()})") from exc
 
     def close(self) -> None:
-        try:
-            self._conn.send(None)
-        except OSError:
-            pass
-        self._conn.close()
-        try:
-            self._proc.wait(5)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+        if self._standby is not None:
+            self._standby.close()
+            self._standby = None
+        self._child.close()
 
 
 def load_range(reader: RangeReader, decoder: ChunkDecoder, featurizer: Featurizer, chunk_records: int,

@@ -145,3 +145,25 @@ def test_a_loader_that_dies_again_at_the_same_record_is_an_error_not_a_loop(serv
         assert len(chunks) == 1 and loader.restarts == 1
     finally:
         loader.close()
+
+
+def test_a_killed_loader_is_replaced_by_its_standby_which_is_replaced_in_turn(services, topic_factory) -> None:
+    topic = topic_factory("loader")
+    write_in_transactions(services, topic, [e.to_json() for e in MODEL.examples(3000)], per_txn=1000)
+    end = offsets_of(services, topic)[-1] + 1
+    loader = RecordLoader(spec(services, topic, chunk_records=100))
+    try:
+        read = loader.read(topic, 0, 0, end)
+        chunks = [next(read)]
+        first = loader.pid
+        standby = loader.standby_pid  # started once the first child was ready
+        assert standby is not None and standby != first
+        os.kill(first, signal.SIGKILL)
+        chunks += list(read)
+        assert loader.pid == standby and loader.restarts == 1  # taken over, no cold start
+        assert sum(len(c.block.labels) for c in chunks) == 3000
+        assert loader.standby_pid not in (None, first, standby)
+        children = [loader.pid, loader.standby_pid]
+    finally:
+        loader.close()
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in children)  # closing ends (and reaps) both
