@@ -40,15 +40,18 @@ def test_hash_is_stable_across_processes() -> None:
     assert there.stdout.strip() == str(here)
 
 
-def test_split_rows_groups_by_owner_and_keeps_every_row() -> None:
-    m = SlotMap.uniform(128, 3)
+@pytest.mark.parametrize("shards", [1, 3, 16])  # a pass per shard up to 8, a sort beyond
+def test_split_rows_groups_by_owner_and_keeps_every_row_in_order(shards: int) -> None:
+    m = SlotMap.uniform(128, shards)
     ids = np.arange(1000, dtype=np.uint64)
     values = np.arange(1000 * 2, dtype=np.float32).reshape(1000, 2)
     parts = m.split_rows("t", ids, values)
     assert sum(len(i) for i, _ in parts.values()) == 1000
     for shard, (part_ids, part_values) in parts.items():
         assert np.all(m.shard_of_rows("t", part_ids) == shard)
+        assert np.all(np.diff(part_ids.astype(np.int64)) > 0)
         assert np.array_equal(part_values[:, 0], part_ids.astype(np.float32) * 2)
+        assert part_values.flags.c_contiguous
 
 
 def test_block_owner_is_deterministic_and_json_round_trips() -> None:
