@@ -7,16 +7,10 @@ supervisor, which then stops them in order: SIGTERM, a grace period, SIGKILL for
 Linux each child also asks the kernel for SIGTERM should the supervisor die without cleaning up
 (PR_SET_PDEATHSIG), so even a SIGKILLed demo leaves no stray process.
 
-A restart is handed to a warm spare when one is ready (streamtrain/spare.py): a process that
-has imported torch and the job's code already and becomes the restarted command at once. Most
-of a restarted trainer's recovery was its imports. `spares` of them are kept, each started
-`spare_after_s` after the last interpreter that began importing (a child started cold, or a
-spare), so that they do not compete with the children they would stand in for while those
-start, nor with each other. A restart that took a spare imports nothing: the next spare starts
-at once. One spare was not enough: on a busy machine a spare's imports take 5-10 s, and a
-second kill within that found it still importing; nor were two: the full chaos profile's
-slowest trainer recovery came after three other restarts within 10 s had taken both and it
-started cold (bench/RESULTS.md).
+Children start warm (streamtrain/warm.py): forked from a server that has imported torch and
+the job's code once, so a start or a restart imports nothing, however many come at once. Most
+of a restarted trainer's recovery was its imports. If the fork server cannot start a child,
+that child and every later one starts as a new interpreter.
 
 Not thread-safe: call `poll()` and `stop()` from the thread that called `start()` (the parent-death
 signal is tied to the thread that forked the child).
@@ -25,20 +19,18 @@ signal is tied to the thread that forked the child).
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from streamtrain.warm import Forked, start as start_warm
+
 _PR_SET_PDEATHSIG = 1
-SPARE_AFTER_S = 5.0
-SPARES = 3
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -55,7 +47,7 @@ class Child:
     name: str
     args: Sequence[str] | Callable[[], Sequence[str]]  # a callable is evaluated at every (re)start
     log_path: Path
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen | Forked | None = None
     state: str = "new"  # new | running | restarting | retired | stopped
     retired: bool = False  # not restarted once it exits (`Supervisor.retire`)
     restarts: int = 0
@@ -93,40 +85,25 @@ def restart_backoff(previous_s: float, ran_s: float, returncode: int, *, min_s: 
     return min(previous_s * 2, max_s)
 
 
-def spare_due(now: float, importing_since: float, waiting: int, wanted: int, after_s: float) -> bool:
-    """Whether to start another spare: fewer than `wanted` wait, and the last interpreter that
-    began importing (a cold child start or a spare, at `importing_since`) did so `after_s` ago."""
-    return waiting < wanted and now - importing_since >= after_s
-
-
-@dataclass
-class _Spare:
-    proc: subprocess.Popen
-    err: object  # what it writes to stderr while it waits (a temporary file)
-
-
 class Supervisor:
     """Starts children as `python -m streamtrain ARGS`, with `env` added to this process's
     environment and stdout/stderr appended to `<log_dir>/<name>.log`."""
 
     def __init__(self, env: Mapping[str, str], log_dir: Path, *, min_backoff_s: float = 1.0,
                  max_backoff_s: float = 30.0, healthy_after_s: float = 10.0,
-                 grace_s: float = 15.0, spare_after_s: float | None = SPARE_AFTER_S, spares: int = SPARES) -> None:
-        """`spares`: warm spares kept, each started `spare_after_s` after the last interpreter
-        began importing (`spare_after_s` None: none; every start is a new interpreter)."""
+                 grace_s: float = 15.0, warm: bool = True) -> None:
+        """`warm`: children forked from the fork server (streamtrain/warm.py); otherwise each
+        start is a new interpreter."""
         self.env = {**os.environ, **env}
         self.log_dir = log_dir
         self.min_backoff_s = min_backoff_s
         self.max_backoff_s = max_backoff_s
         self.healthy_after_s = healthy_after_s
         self.grace_s = grace_s
-        self.spare_after_s = spare_after_s
+        self.warm = warm
         self.children: dict[str, Child] = {}
         self.stopping = False
-        self.spares = spares
-        self.spares_used = 0
-        self._spares: list[_Spare] = []  # waiting, oldest (the likeliest ready) first
-        self._importing_since = float("-inf")  # the last cold start of a child or a spare
+        self._events: list[str] = []  # said by the next poll()
         log_dir.mkdir(parents=True, exist_ok=True)
 
     def add(self, name: str, args: Sequence[str] | Callable[[], Sequence[str]]) -> Child:
@@ -173,70 +150,27 @@ class Supervisor:
             log.write(f"--- {time.strftime('%H:%M:%S')} supervisor: starting {child.name} "
                       f"(restart {child.restarts}): streamtrain {' '.join(args)}\n".encode())
             log.flush()
-            child.proc = self._from_spare(args, child.log_path)
+            child.proc = self._forked(args, child.log_path)
             if child.proc is None:
                 child.proc = subprocess.Popen(
                     [sys.executable, "-m", "streamtrain", *args], env=self.env,
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     start_new_session=True,
                     preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
-                self._importing_since = time.monotonic()
         child.pids.append(child.proc.pid)
         child.state = "running"
         child.started_at = time.monotonic()
 
-    def _from_spare(self, args: list[str], log_path: Path) -> subprocess.Popen | None:
-        """The oldest live spare, become `streamtrain ARGS` with its output to `log_path`;
-        None if there is none."""
-        while self._spares:
-            spare = self._spares.pop(0)
-            spare.err.close()
-            if spare.proc.poll() is not None:
-                continue
-            try:
-                spare.proc.stdin.write(json.dumps({"args": args, "log": str(log_path)}).encode() + b"\n")
-                spare.proc.stdin.close()
-            except OSError:  # it died just now
-                _signal(spare.proc, signal.SIGKILL)
-                spare.proc.wait()
-                continue
-            self.spares_used += 1
-            return spare.proc
-        return None
-
-    def _keep_spares(self, now: float) -> list[str]:
-        """Start a spare if fewer than `spares` wait and no interpreter began importing for
-        `spare_after_s`. One that exited by itself (a broken environment) ends the spares:
-        each start is then a new interpreter, as without them."""
-        if self.spare_after_s is None:
-            return []
-        for spare in self._spares:
-            code = spare.proc.poll()
-            if code is not None:
-                spare.err.seek(0)
-                said = spare.err.read().decode(errors="replace").strip().splitlines()[-1:]
-                self._drop_spares()
-                self.spare_after_s = None
-                return [f"spare exited with {code} before it was used{': ' + said[0] if said else ''}; no more spares"]
-        if not spare_due(now, self._importing_since, len(self._spares), self.spares, self.spare_after_s):
-            return []
-        # Not in the log directory, whose files are the children's; read back if it dies unused.
-        err = tempfile.TemporaryFile()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "streamtrain.spare"], env=self.env,
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
-        self._spares.append(_Spare(proc, err))
-        self._importing_since = now
-        return []
-
-    def _drop_spares(self) -> None:
-        """Kill the waiting spares: they run nothing yet, so there is nothing to wind down."""
-        for spare in self._spares:
-            _signal(spare.proc, signal.SIGKILL)
-            spare.proc.wait(10)
-            spare.err.close()
-        self._spares = []
+    def _forked(self, args: list[str], log_path: Path) -> Forked | None:
+        """The child forked warm, or None (not warm, or the fork server failed: then no more)."""
+        if not self.warm:
+            return None
+        try:
+            return start_warm(args, log_path, self.env)
+        except Exception as exc:  # noqa: BLE001  a new interpreter does as well, only slower
+            self.warm = False
+            self._events.append(f"warm starts failed ({exc!r}); every start is a new interpreter from now on")
+            return None
 
     def poll(self) -> list[str]:
         """Notice exits and start due restarts; returns a line per event (for the view's log)."""
@@ -261,7 +195,6 @@ class Supervisor:
                               f"restarting in {child.backoff_s:.0f} s")
             if child.state == "restarting" and now >= child.restart_at:
                 child.restarts += 1
-                spares_used = self.spares_used
                 try:
                     self._spawn(child)
                 except Exception as exc:  # noqa: BLE001  a failed start is retried like a crash
@@ -269,15 +202,15 @@ class Supervisor:
                     child.restart_at = now + child.backoff_s
                     events.append(f"{child.name} could not start ({exc}); retrying in {child.backoff_s:.0f} s")
                     continue
-                spare = ", the spare" if self.spares_used > spares_used else ""
-                events.append(f"{child.name} restarted (pid {child.proc.pid}, restart {child.restarts}{spare})")
-        return events + self._keep_spares(now)
+                how = "warm" if isinstance(child.proc, Forked) else "a new interpreter"
+                events.append(f"{child.name} restarted (pid {child.proc.pid}, restart {child.restarts}, {how})")
+        said, self._events = self._events, []
+        return said + events
 
     def stop(self) -> list[str]:
         """SIGTERM every running child, wait up to the grace period, SIGKILL the rest, reap all.
         Returns the names of the children that had to be killed."""
         self.stopping = True
-        self._drop_spares()
         running = [c for c in self.children.values() if c.proc is not None and c.proc.poll() is None]
         for child in running:
             _signal(child.proc, signal.SIGTERM)
@@ -309,7 +242,7 @@ class Supervisor:
         return {name: c.restarts for name, c in list(self.children.items())}
 
 
-def _signal(proc: subprocess.Popen, sig: int) -> None:
+def _signal(proc: subprocess.Popen | Forked, sig: int) -> None:
     try:
         # The child leads its own process group: signal the group, so anything it spawned goes too.
         os.killpg(proc.pid, sig)

@@ -20,11 +20,11 @@ after the last chunk handed over; mini-batches are cut from the records, not the
 the task trains as it would have. A child that dies again before handing over another chunk
 (a record that crashes the decoder, say) is a `LoaderError`.
 
-The replacement is a standby: a second child, started once the first is ready, that has
-imported, built its reader and decoder and waits. Starting a child cold is an interpreter's
+The replacement is a standby: a second child, started when the first has read a range, that
+has imported, built its reader and decoder and waits. Starting a child cold is an interpreter's
 imports, which on a busy machine took seconds: most of a killed loader's recovery, and all of
-its slowest ones (bench/RESULTS.md). A standby taken is replaced once it is ready in turn, so
-it does not compete with it. The active child is always the older of the two.
+its slowest ones (bench/RESULTS.md). A standby taken is replaced at the next range. The
+active child is always the older of the two.
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ class RecordLoader:
         return None if self._standby is None else self._standby.proc.pid
 
     def wait_ready(self) -> None:
-        """Block until the child has its reader and decoder; then start its standby.
+        """Block until the child has its reader and decoder.
 
         Raises:
             LoaderError: it could not start; or the error it met building them (a user
@@ -177,8 +177,6 @@ class RecordLoader:
             if kind == "error":
                 raise body
             self._child.ready = True
-        if self._keep_standby and self._standby is None:
-            self._standby = _Child(self._spec)
 
     def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[Loaded]:
         """The chunks of `[start, end)`. Closing the iterator early tells the child to stop
@@ -195,6 +193,10 @@ class RecordLoader:
         if self._gone is not None:  # replaced here, never while a read is being closed
             gone, self._gone = self._gone, None
             self._restart(gone)
+        if self._keep_standby and self._standby is None and self._child.ready:
+            # Once the child has read a range, not while it starts: a standby's imports
+            # would slow a restarted trainer's first task.
+            self._standby = _Child(self._spec)
         while True:
             try:
                 yield from self._read(topic, partition, at, end)

@@ -1,16 +1,22 @@
 """The supervisor (streamtrain/supervisor.py). Retiring a child: it is not restarted once it
-exits, and adding it again supervises it anew. The warm spares (streamtrain/spare.py): a restart
-becomes one and runs the command with the child's log as its output; a spare that dies unused
-ends the spares; stopping kills the waiting ones; when the next one is due. The children are real `python -m streamtrain
---help` processes, which exit at once; a spare imports torch first, so its tests take seconds."""
+exits, and adding it again supervises it anew. Warm starts (streamtrain/warm.py): a child is
+forked from the fork server and runs the command with the child's log as its output and
+its exit code; killed, it restarts at once; stopped, it ends.
+The children are real `streamtrain` commands; the fork server imports torch first, so the
+first start takes seconds."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
-from streamtrain.supervisor import Supervisor, pid_alive, spare_due
+from streamtrain.supervisor import Supervisor, pid_alive
+from streamtrain.warm import Forked
 
 
 def _poll_until(supervisor: Supervisor, done, timeout_s: float = 90.0) -> list[str]:
@@ -52,45 +58,79 @@ def test_a_child_retired_while_waiting_to_restart_is_not_started(tmp_path) -> No
         supervisor.stop()
 
 
-def test_a_restart_becomes_the_spare_which_runs_the_command_into_the_childs_log(tmp_path) -> None:
-    supervisor = Supervisor({}, tmp_path, min_backoff_s=0.0, spare_after_s=0.0)
+def test_children_start_warm_and_run_the_command_into_the_childs_log(tmp_path) -> None:
+    supervisor = Supervisor({}, tmp_path, min_backoff_s=0.0)
     try:
         child = supervisor.add("trainer-0", ["--help"])
-        events = _poll_until(supervisor, lambda: supervisor.spares_used >= 1)
-        spare_pid = child.pids[-1]
-        assert any("the spare" in e for e in events), events
-        _poll_until(supervisor, lambda: child.pids[-1] != spare_pid)  # it ran and exited: restarted again
-        # The first run and the spare's each printed the command's help into the child's log,
-        # the only file in the log directory.
-        assert child.log_path.read_text().count("Usage:") >= 2
+        assert isinstance(child.proc, Forked)
+        events = _poll_until(supervisor, lambda: child.restarts >= 2)  # it ran and exited: restarted
+        assert any("restart 1, warm" in e for e in events), events
+        assert child.log_path.read_text().count("Usage:") >= 2  # each run's help, in the child's log
         assert [p.name for p in tmp_path.iterdir()] == ["trainer-0.log"]
+        bad = supervisor.add("bad", ["--no-such-option"])
+        _poll_until(supervisor, lambda: bad.last_exit is not None)
+        assert bad.last_exit == 2  # the command's exit code, as a new interpreter's
     finally:
         supervisor.stop()
 
 
-def test_a_spare_that_dies_unused_ends_the_spares_and_stop_kills_the_waiting_ones(tmp_path) -> None:
-    supervisor = Supervisor({}, tmp_path, min_backoff_s=30.0, spare_after_s=0.0, spares=2)
+def test_a_warm_child_killed_from_outside_restarts_at_once_and_stops_with_the_supervisor(tmp_path) -> None:
+    # A shard waiting for an etcd that is not there (its address from the environment given): it
+    # runs until stopped.
+    closed = {"STREAMTRAIN_ETCD": "127.0.0.1:1", "STREAMTRAIN_KAFKA": "127.0.0.1:1", "STREAMTRAIN_REDIS": "127.0.0.1:1"}
+    supervisor = Supervisor(closed, tmp_path, min_backoff_s=30.0, grace_s=5.0)
     try:
-        supervisor.add("master", ["--help"])
-        _poll_until(supervisor, lambda: len(supervisor._spares) == 2)
-        survivor = supervisor._spares[1].proc
-        supervisor._spares[0].proc.kill()
-        events = _poll_until(supervisor, lambda: supervisor.spare_after_s is None)
-        assert any("no more spares" in e for e in events), events
-        assert supervisor._spares == [] and supervisor.poll() == [] and survivor.poll() is not None
+        child = supervisor.add("shard-0", ["pserver", "--job", "nothing", "--index", "0"])
+        _poll_until(supervisor, lambda: "waiting" in child.log_path.read_text())
+        first = child.pid
+        assert os.getpgid(first) == first  # its own process group, signalled as one
+        os.kill(first, signal.SIGKILL)
+        events = _poll_until(supervisor, lambda: child.restarts == 1)
+        assert child.last_exit == -signal.SIGKILL and child.pid not in (None, first), events
+        assert any("warm" in e for e in events), events
+    finally:
+        killed = supervisor.stop()
+    assert not pid_alive(child.pids[-1]) and killed in ([], ["shard-0"])
+
+
+def test_without_warm_starts_each_start_is_a_new_interpreter(tmp_path) -> None:
+    supervisor = Supervisor({}, tmp_path, min_backoff_s=30.0, warm=False)
+    try:
+        child = supervisor.add("master", ["--help"])
+        assert isinstance(child.proc, subprocess.Popen)
+        _poll_until(supervisor, lambda: child.state == "restarting")
+        assert child.last_exit == 0 and "Usage:" in child.log_path.read_text()
     finally:
         supervisor.stop()
-    other = Supervisor({}, tmp_path / "other", spare_after_s=0.0, spares=2)
-    other.add("master", ["--help"])
-    _poll_until(other, lambda: len(other._spares) == 2)
-    pids = [spare.proc.pid for spare in other._spares]
-    other.stop()
-    assert not any(pid_alive(pid) for pid in pids)
 
 
-def test_a_spare_is_due_when_fewer_wait_and_no_interpreter_began_importing_lately() -> None:
-    assert spare_due(now=10.0, importing_since=5.0, waiting=0, wanted=2, after_s=5.0)
-    assert spare_due(now=10.0, importing_since=5.0, waiting=1, wanted=2, after_s=5.0)
-    assert not spare_due(now=10.0, importing_since=5.0, waiting=2, wanted=2, after_s=5.0)  # enough
-    assert not spare_due(now=9.9, importing_since=5.0, waiting=0, wanted=2, after_s=5.0)  # one imports
-    assert not spare_due(now=10.0, importing_since=5.0, waiting=0, wanted=0, after_s=0.0)  # none wanted
+def test_a_supervisor_killed_leaves_no_child_and_its_main_module_is_not_run_again(tmp_path) -> None:
+    # A script that supervises a long-running child at import, with no main guard: a child that
+    # imported its parent's main module, as multiprocessing's would, would start another.
+    script = tmp_path / "supervise.py"
+    script.write_text(
+        "import time\n"
+        "from pathlib import Path\n"
+        "from streamtrain.supervisor import Supervisor\n"
+        f"s = Supervisor({{'STREAMTRAIN_ETCD': '127.0.0.1:1'}}, Path({str(tmp_path / 'logs')!r}))\n"
+        "c = s.add('shard-0', ['pserver', '--job', 'nothing', '--index', '0'])\n"
+        "print(c.proc.pid, flush=True)\n"
+        "while True:\n"
+        "    s.poll()\n"
+        "    time.sleep(0.05)\n")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, cwd=tmp_path)
+    try:
+        child = int(parent.stdout.readline())
+        log = tmp_path / "logs" / "shard-0.log"
+        deadline = time.monotonic() + 90
+        while "waiting" not in (log.read_text() if log.exists() else ""):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert log.read_text().count("supervisor: starting") == 1
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while pid_alive(child):  # the fork server ends with its supervisor, and the child with it
+        assert time.monotonic() < deadline, "the child outlived its supervisor"
+        time.sleep(0.1)
