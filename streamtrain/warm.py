@@ -60,10 +60,13 @@ class Forked:
     def poll(self) -> int | None:
         if self.returncode is None:
             self.returncode = self._process.exitcode
+            if self.returncode is not None:
+                self._process.close()  # its pipe from the server: a job restarts children for days
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        self._process.join(timeout)
+        if self.returncode is None:
+            self._process.join(timeout)
         if self.poll() is None:
             raise subprocess.TimeoutExpired(f"streamtrain (pid {self.pid})", timeout or 0.0)
         return self.returncode
