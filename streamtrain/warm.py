@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import subprocess
@@ -32,6 +33,7 @@ from multiprocessing.context import ForkServerContext
 from pathlib import Path
 
 PRELOAD = (
+    "streamtrain.warm_server",  # first: the server's own session and signals (its docstring)
     "torch",  # most of it
     "streamtrain.jobstate.optimizer_kernels",  # numba, the shards' update rules
     "streamtrain.master.service",
@@ -56,17 +58,22 @@ class Forked:
         self._process = process
         self.pid: int = process.pid
         self.returncode: int | None = None
+        # Its exit code is read once from a pipe: a poll from the supervisor's thread and
+        # another from a thread adding a child must not both read it.
+        self._lock = threading.Lock()
 
     def poll(self) -> int | None:
-        if self.returncode is None:
-            self.returncode = self._process.exitcode
-            if self.returncode is not None:
-                self._process.close()  # its pipe from the server: a job restarts children for days
-        return self.returncode
+        with self._lock:
+            if self.returncode is None:
+                self.returncode = self._process.exitcode
+                if self.returncode is not None:
+                    self._process.close()  # its pipe from the server: a job restarts children for days
+            return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        if self.returncode is None:
-            self._process.join(timeout)
+        if self.poll() is None:
+            with contextlib.suppress(OSError, ValueError):  # exited and closed meanwhile
+                multiprocessing.connection.wait([self._process.sentinel], timeout)
         if self.poll() is None:
             raise subprocess.TimeoutExpired(f"streamtrain (pid {self.pid})", timeout or 0.0)
         return self.returncode
@@ -85,7 +92,7 @@ _START = threading.Lock()
 def start(args: Sequence[str], log_path: Path, env: Mapping[str, str]) -> Forked:
     """`streamtrain ARGS` forked from the fork server (started, and `PRELOAD` imported, by the
     first call: that one waits for the imports)."""
-    process = _context().Process(target=_become, args=(list(args), str(log_path), dict(env)), daemon=True,
+    process = _context().Process(target=_become, args=(list(args), str(log_path), dict(env)),
                                  name=f"streamtrain {' '.join(args)}"[:200])
     # multiprocessing has a child import the parent's main module first, as a library would
     # want; ours may be `streamtrain/__main__.py`, which runs the command line it was given (a
@@ -97,12 +104,24 @@ def start(args: Sequence[str], log_path: Path, env: Mapping[str, str]) -> Forked
             process.start()
         finally:
             sys.modules["__main__"] = main
+        # Out of multiprocessing's own list of children: it would poll their exit codes at the
+        # next start, from whatever thread that is, and join them without a timeout at exit.
+        # The supervisor polls and stops its children itself.
+        multiprocessing.process._children.discard(process)
     return Forked(process)
 
 
 def _become(args: list[str], log_path: str, env: dict[str, str]) -> None:
     """In the forked child: become `streamtrain ARGS` as the supervisor starts a child."""
+    try:  # ends with the fork server, which ends with the supervisor
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:  # the server ended before that took hold
+        os._exit(128 + signal.SIGTERM)
     os.setsid()  # its own process group, as `start_new_session`: signalled as a group
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # ignored by the server (streamtrain/warm_server.py)
+        signal.signal(sig, signal.SIG_DFL)
     # The fork server ends when no process holds its "alive" pipe any more, and it hands every
     # child one, so that a child may fork through it too. Ours do not: held, a supervisor
     # killed would leave the server and its children (which end with the server) running.
@@ -110,10 +129,6 @@ def _become(args: list[str], log_path: str, env: dict[str, str]) -> None:
     if alive is not None:
         with contextlib.suppress(OSError):
             os.close(alive)
-    try:  # ends with the fork server, which ends with the supervisor
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)

@@ -145,6 +145,7 @@ class RecordLoader:
         self._child = _Child(spec)
         self._keep_standby = standby
         self._standby: _Child | None = None
+        self._ranges_read = 0  # to the end: the standby starts after the first
 
     def _restart(self, reason: Exception) -> None:
         standby, self._standby = self._standby, None
@@ -193,13 +194,14 @@ class RecordLoader:
         if self._gone is not None:  # replaced here, never while a read is being closed
             gone, self._gone = self._gone, None
             self._restart(gone)
-        if self._keep_standby and self._standby is None and self._child.ready:
-            # Once the child has read a range, not while it starts: a standby's imports
-            # would slow a restarted trainer's first task.
+        if self._keep_standby and self._standby is None and self._ranges_read:
+            # Once a range was read, not while the trainer starts: a standby's imports would
+            # slow a restarted trainer's first task.
             self._standby = _Child(self._spec)
         while True:
             try:
                 yield from self._read(topic, partition, at, end)
+                self._ranges_read += 1
                 return
             except _ChildGone as exc:
                 if died_at == at[0]:
@@ -257,8 +259,8 @@ class RecordLoader:
                              f"(exit code {self._child.proc.poll()})") from exc
 
     def close(self) -> None:
-        if self._standby is not None:
-            self._standby.close()
+        if self._standby is not None:  # it holds nothing yet: no need to wind it down
+            self._standby.kill()
             self._standby = None
         self._child.close()
 
@@ -305,8 +307,8 @@ def _serve(conn: Connection) -> None:
         conn.send(("error", _picklable(exc)))
         return
     gc.freeze()  # as in the trainer: the long-lived objects are not walked at every collection
-    conn.send(("ready", None))
     try:
+        conn.send(("ready", None))
         while True:
             request = conn.recv()
             if request is None:

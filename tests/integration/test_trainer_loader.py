@@ -153,8 +153,9 @@ def test_a_killed_loader_is_replaced_by_its_standby_which_is_replaced_in_turn(se
     end = offsets_of(services, topic)[-1] + 1
     loader = RecordLoader(spec(services, topic, chunk_records=100))
     try:
+        loader.wait_ready()  # as a trainer does while it starts
         list(loader.read(topic, 0, 0, 100))
-        assert loader.standby_pid is None  # not while the first child starts
+        assert loader.standby_pid is None  # not while the trainer starts: after its first range
         read = loader.read(topic, 0, 0, end)
         chunks = [next(read)]
         first = loader.pid

@@ -7,6 +7,7 @@ first start takes seconds."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -134,3 +135,41 @@ def test_a_supervisor_killed_leaves_no_child_and_its_main_module_is_not_run_agai
     while pid_alive(child):  # the fork server ends with its supervisor, and the child with it
         assert time.monotonic() < deadline, "the child outlived its supervisor"
         time.sleep(0.1)
+
+
+def test_a_sigterm_to_the_supervisors_process_group_is_the_supervisors_to_handle(tmp_path) -> None:
+    # `kill %1` or a closing terminal signals the whole group: the fork server, the parent of
+    # every child, must not die of it (its children would end at once, their exit codes
+    # unread); the supervisor stops them in order.
+    script = tmp_path / "supervise.py"
+    script.write_text(
+        "import json, signal, time\n"
+        "from pathlib import Path\n"
+        "from streamtrain.supervisor import Supervisor\n"
+        "stopping = []\n"
+        "signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))\n"
+        f"s = Supervisor({{'STREAMTRAIN_ETCD': '127.0.0.1:1'}}, Path({str(tmp_path / 'logs')!r}), grace_s=20)\n"
+        "c = s.add('shard-0', ['pserver', '--job', 'nothing', '--index', '0'])\n"
+        "print(c.proc.pid, flush=True)\n"
+        "while not stopping:\n"
+        "    s.poll()\n"
+        "    time.sleep(0.05)\n"
+        "print(json.dumps({'events': s.poll(), 'killed': s.stop(), 'exit': c.last_exit}), flush=True)\n")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, cwd=tmp_path,
+                              start_new_session=True, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        log = tmp_path / "logs" / "shard-0.log"
+        deadline = time.monotonic() + 90
+        while "waiting" not in (log.read_text() if log.exists() else ""):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        os.killpg(parent.pid, signal.SIGTERM)
+        said = json.loads(parent.stdout.readline())
+        assert parent.wait(60) == 0
+    finally:
+        parent.kill()
+    # Running until the supervisor stopped it: no exit seen before, and its own exit code then
+    # (255 is what multiprocessing says of a child whose fork server is gone).
+    assert said["events"] == [] and said["exit"] != 255, said
+    assert not pid_alive(child)
