@@ -105,29 +105,40 @@ def test_without_warm_starts_each_start_is_a_new_interpreter(tmp_path) -> None:
         supervisor.stop()
 
 
-def test_a_supervisor_killed_leaves_no_child_and_its_main_module_is_not_run_again(tmp_path) -> None:
-    # A script that supervises a long-running child at import, with no main guard: a child that
-    # imported its parent's main module, as multiprocessing's would, would start another.
+def _supervising(tmp_path, until: str, after: str = "", **popen) -> tuple[subprocess.Popen, int]:
+    """A script that supervises a shard waiting for an etcd that is not there (it runs until
+    stopped), looping `while not <until>`, then running `after`; started, with its child
+    waiting. Returns the script's process and the child's pid."""
     script = tmp_path / "supervise.py"
     script.write_text(
-        "import time\n"
+        "import json, signal, time\n"
         "from pathlib import Path\n"
         "from streamtrain.supervisor import Supervisor\n"
-        f"s = Supervisor({{'STREAMTRAIN_ETCD': '127.0.0.1:1'}}, Path({str(tmp_path / 'logs')!r}))\n"
+        "stopping = []\n"
+        "signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))\n"
+        f"s = Supervisor({{'STREAMTRAIN_ETCD': '127.0.0.1:1'}}, Path({str(tmp_path / 'logs')!r}), grace_s=20)\n"
         "c = s.add('shard-0', ['pserver', '--job', 'nothing', '--index', '0'])\n"
         "print(c.proc.pid, flush=True)\n"
-        "while True:\n"
+        f"while not {until}:\n"
         "    s.poll()\n"
-        "    time.sleep(0.05)\n")
-    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, cwd=tmp_path)
+        "    time.sleep(0.05)\n"
+        f"{after}\n")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, cwd=tmp_path, text=True, **popen)
+    child = int(parent.stdout.readline())
+    log = tmp_path / "logs" / "shard-0.log"
+    deadline = time.monotonic() + 90
+    while "waiting" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, parent.poll()
+        time.sleep(0.1)
+    return parent, child
+
+
+def test_a_supervisor_killed_leaves_no_child_and_its_main_module_is_not_run_again(tmp_path) -> None:
+    # The script supervises at import, with no main guard: a child that imported its parent's
+    # main module, as multiprocessing's would, would start another.
+    parent, child = _supervising(tmp_path, until="False")
     try:
-        child = int(parent.stdout.readline())
-        log = tmp_path / "logs" / "shard-0.log"
-        deadline = time.monotonic() + 90
-        while "waiting" not in (log.read_text() if log.exists() else ""):
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        assert log.read_text().count("supervisor: starting") == 1
+        assert (tmp_path / "logs" / "shard-0.log").read_text().count("supervisor: starting") == 1
     finally:
         parent.kill()
         parent.wait()
@@ -141,29 +152,11 @@ def test_a_sigterm_to_the_supervisors_process_group_is_the_supervisors_to_handle
     # `kill %1` or a closing terminal signals the whole group: the fork server, the parent of
     # every child, must not die of it (its children would end at once, their exit codes
     # unread); the supervisor stops them in order.
-    script = tmp_path / "supervise.py"
-    script.write_text(
-        "import json, signal, time\n"
-        "from pathlib import Path\n"
-        "from streamtrain.supervisor import Supervisor\n"
-        "stopping = []\n"
-        "signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))\n"
-        f"s = Supervisor({{'STREAMTRAIN_ETCD': '127.0.0.1:1'}}, Path({str(tmp_path / 'logs')!r}), grace_s=20)\n"
-        "c = s.add('shard-0', ['pserver', '--job', 'nothing', '--index', '0'])\n"
-        "print(c.proc.pid, flush=True)\n"
-        "while not stopping:\n"
-        "    s.poll()\n"
-        "    time.sleep(0.05)\n"
-        "print(json.dumps({'events': s.poll(), 'killed': s.stop(), 'exit': c.last_exit}), flush=True)\n")
-    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, cwd=tmp_path,
-                              start_new_session=True, text=True)
+    parent, child = _supervising(
+        tmp_path, until="stopping",
+        after="print(json.dumps({'events': s.poll(), 'killed': s.stop(), 'exit': c.last_exit}), flush=True)",
+        start_new_session=True)
     try:
-        child = int(parent.stdout.readline())
-        log = tmp_path / "logs" / "shard-0.log"
-        deadline = time.monotonic() + 90
-        while "waiting" not in (log.read_text() if log.exists() else ""):
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
         os.killpg(parent.pid, signal.SIGTERM)
         said = json.loads(parent.stdout.readline())
         assert parent.wait(60) == 0
