@@ -55,7 +55,8 @@ class RedisServer(OnePortServer):
 
 def form_cluster(nodes: list[RedisServer], timeout_s: float = 60.0) -> None:
     """Make `nodes` (running, in cluster mode) one cluster, half of them masters and a replica
-    each, unless they are one already; then wait until every node sees all slots served."""
+    each, unless they are one already; then wait until every node sees all slots served and
+    every replica has synced with its master."""
     import redis
 
     first = redis.Redis(port=nodes[0].port)
@@ -77,12 +78,17 @@ def form_cluster(nodes: list[RedisServer], timeout_s: float = 60.0) -> None:
 
 
 def cluster_ok(port: int) -> bool:
-    """Whether the node at `port` sees every slot served and knows its whole cluster."""
+    """Whether the node at `port` sees every slot served and, a replica, has synced with its
+    master: a replica that has not cannot take over when the master dies (CI once killed a
+    master 5 s after the cluster formed, before its replica's first sync had gone through)."""
     import redis
 
     client = redis.Redis(port=port, socket_timeout=2, socket_connect_timeout=2)
     try:
-        return client.cluster("info").get("cluster_state") == "ok"
+        if client.cluster("info").get("cluster_state") != "ok":
+            return False
+        replication = client.info("replication")
+        return replication.get("role") != "slave" or replication.get("master_link_status") == "up"
     except redis.RedisError:
         return False
     finally:
