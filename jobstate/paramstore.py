@@ -90,6 +90,9 @@ class ParamClient:
         # The last value of each block pulled, by its bytes: a block changes only when its
         # shard applies a push, so most pulls return the bytes of the pull before.
         self._block_values: dict[tuple[str, int], tuple[bytes, np.ndarray]] = {}
+        # Keys a pull names every time, made once.
+        self._keys_of: dict[int, _ShardKeys] = {}
+        self._dense_keys: dict[tuple[int, tuple[str, int]], bytes] = {}
 
     def _block_shard(self, block: tuple[str, int]) -> int:
         shard = self._block_shards.get(block)
@@ -129,7 +132,7 @@ class ParamClient:
         return {s: flush_mark(v) for s, v in raw.items()}
 
     def _rounds(self, after: Mapping[int, bytes], reply) -> dict[int, list[Round]]:
-        by_key = {self._keys.rounds(s).encode(): s for s in after}
+        by_key = {self._shard_keys(s).rounds: s for s in after}
         out: dict[int, list[Round]] = {}
         if isinstance(reply, dict):  # how the reply reads inside a transaction
             reply = reply.items()
@@ -179,21 +182,39 @@ class ParamClient:
         return PendingPull(self, rows, list(blocks), dict(rounds or {}), rounds_count,
                            [plans[s] for s in sorted(plans)])
 
-    def _request(self, conn, read: _ShardRead, rows: dict[str, tuple[np.ndarray, int]],
-                 blocks: list[tuple[str, int]], rounds: dict[int, bytes], rounds_count: int) -> tuple[bytes, int]:
-        """One shard's transaction in RESP, and how many commands it queues."""
-        shard, keys = read.shard, self._keys
-        head = ([keys.version(shard), keys.applied(shard)] if read.values else []) + (
-            [keys.flushed(shard)] if read.rounds else [])
-        packed = [b"*1\r\n$5\r\nMULTI\r\n", *conn.pack_command("MGET", *head)]
+    def _request(self, read: _ShardRead, rows: dict[str, tuple[np.ndarray, int]], blocks: list[tuple[str, int]],
+                 rounds: dict[int, bytes], rounds_count: int) -> tuple[bytes, int]:
+        """One shard's transaction in RESP, and how many commands it queues. A row MGET's
+        keys go in the order `resp.mget` lays them out: `read.rows` then holds the ids'
+        positions in that order, the order of the replies."""
+        shard = read.shard
+        keys = self._shard_keys(shard)
+        head = ([keys.version, keys.applied] if read.values else []) + ([keys.flushed] if read.rounds else [])
+        packed = [b"*1\r\n$5\r\nMULTI\r\n", resp.command(b"MGET", *head)]
         if read.blocks:
-            packed += conn.pack_command("MGET", *[keys.dense(shard, *blocks[i]) for i in read.blocks])
-        for table, at in read.rows:
-            packed.append(resp.mget(keys.row_prefix(shard, table).encode(), rows[table][0][at]))
+            packed.append(resp.command(b"MGET", *[self._dense_key(shard, blocks[i]) for i in read.blocks]))
+        for k, (table, at) in enumerate(read.rows):
+            command, order = resp.mget(keys.row_prefix(table), rows[table][0][at])
+            packed.append(command)
+            if order is not None:
+                read.rows[k] = (table, order if isinstance(at, slice) else at.take(order))
         if read.rounds:
-            packed += conn.pack_command("XREAD", "COUNT", rounds_count, "STREAMS", keys.rounds(shard), rounds[shard])
+            packed.append(resp.command(b"XREAD", b"COUNT", b"%d" % rounds_count, b"STREAMS", keys.rounds,
+                                       rounds[shard]))
         packed.append(b"*1\r\n$4\r\nEXEC\r\n")
         return b"".join(packed), 1 + bool(read.blocks) + len(read.rows) + read.rounds
+
+    def _shard_keys(self, shard: int) -> _ShardKeys:
+        found = self._keys_of.get(shard)
+        if found is None:
+            found = self._keys_of[shard] = _ShardKeys(self._keys, shard)
+        return found
+
+    def _dense_key(self, shard: int, block: tuple[str, int]) -> bytes:
+        key = self._dense_keys.get((shard, block))
+        if key is None:
+            key = self._dense_keys[(shard, block)] = self._keys.dense(shard, *block).encode()
+        return key
 
     def _decode(self, rows: dict[str, tuple[np.ndarray, int]], blocks: list[tuple[str, int]],
                 reads: list[_ShardRead], replies: list[list]) -> Pull:
@@ -245,6 +266,24 @@ class ParamClient:
         return {s: int(v) for s, v in zip(shards, raw)}
 
 
+class _ShardKeys:
+    """A shard's keys that every pull names, as bytes."""
+
+    def __init__(self, keys: RedisKeys, shard: int) -> None:
+        self._keys, self._shard = keys, shard
+        self.version = keys.version(shard).encode()
+        self.applied = keys.applied(shard).encode()
+        self.flushed = keys.flushed(shard).encode()
+        self.rounds = keys.rounds(shard).encode()
+        self._row_prefixes: dict[str, bytes] = {}
+
+    def row_prefix(self, table: str) -> bytes:
+        prefix = self._row_prefixes.get(table)
+        if prefix is None:
+            prefix = self._row_prefixes[table] = self._keys.row_prefix(self._shard, table).encode()
+        return prefix
+
+
 @dataclass
 class _ShardRead:
     """What a pull reads of one shard, in one transaction."""
@@ -279,7 +318,7 @@ class PendingPull:
                 self._sent.append((pool, conn, []))
                 packed = []
                 for read in (r for r in reads if r.shard in shards):
-                    request, queued = client._request(conn, read, rows, blocks, rounds, rounds_count)
+                    request, queued = client._request(read, rows, blocks, rounds, rounds_count)
                     packed.append(request)
                     self._sent[-1][2].append((read, queued))
                 # One write a node: redis-py writes each piece with its own sendall.

@@ -218,9 +218,16 @@ class RowTable:
         self.state = {n: _grow(a, grown) for n, a in self.state.items()}
 
 
+_ROW_TYPES: dict[int, np.dtype] = {}  # by row size: making the dtype was half of a view's cost
+
+
 def row_view(table: np.ndarray) -> np.ndarray:
     """A C-contiguous (rows, dim) array as a 1-d array of opaque rows (one void item per row)."""
-    return table.view(np.dtype((np.void, table.shape[1] * table.itemsize))).reshape(len(table))
+    size = table.shape[1] * table.itemsize
+    row = _ROW_TYPES.get(size)
+    if row is None:
+        row = _ROW_TYPES[size] = np.dtype((np.void, size))
+    return table.view(row).reshape(len(table))
 
 
 def _grow(array: np.ndarray, rows: int) -> np.ndarray:

@@ -102,6 +102,7 @@ class Publisher:
         self._flushed_at = time.monotonic()
         self._flushed_keys = 0  # how many rows the last flush wrote
         self._flush_round = 0  # the round of the last flush
+        self._dense_keys: dict[tuple[str, int], bytes] = {}  # every round writes the blocks it changed
 
     @property
     def node(self) -> redis.Redis:
@@ -182,8 +183,8 @@ class Publisher:
         conn = pool.get_connection()
         try:
             for param, block, values in snapshot.blocks:
-                chunks += conn.pack_command("SET", self._keys.dense(self.shard, param, block),
-                                            ParamBlock(param, block, 0, values).to_bytes())
+                chunks.append(resp.command(b"SET", self._dense_key(param, block),
+                                           ParamBlock.of_wire_types(param, block, 0, values).to_bytes()))
                 queued += 1
             if applied is not None:
                 chunks.append(self._applied_command(applied))
@@ -206,7 +207,7 @@ class Publisher:
                 mark = FlushMark(stream_id(self._major, self._round), self._epoch, self._round, expect)
                 chunks.append(resp.command(b"SET", self._keys.flushed(self.shard).encode(), mark.to_bytes()))
                 queued += 1
-            chunks += conn.pack_command("INCR", self._keys.version(self.shard))
+            chunks.append(resp.command(b"INCR", self._keys.version(self.shard).encode()))
             chunks.append(resp.command(b"EXEC"))
             # One write: redis-py writes a list item by item, a syscall each and, as Redis
             # reads what arrives, as many wake-ups of Redis for the one round.
@@ -226,6 +227,12 @@ class Publisher:
             raise
         finally:
             pool.release(conn)
+
+    def _dense_key(self, param: str, block: int) -> bytes:
+        key = self._dense_keys.get((param, block))
+        if key is None:
+            key = self._dense_keys[(param, block)] = self._keys.dense(self.shard, param, block).encode()
+        return key
 
     def send_steps(self, document: bytes) -> None:
         """The barrier's steps document (sync and bounded SGD) to its key, and to the trainers

@@ -6,6 +6,7 @@ itself says what the range is and who holds it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -94,22 +95,10 @@ class TaskRecord:
     @staticmethod
     def parse_id(task_id: str) -> TaskId:
         """The inverse of make_id. Raises: SchemaError (field ``task_id``) if it is not one."""
-        parts = task_id.split(":") if isinstance(task_id, str) else []
-        if len(parts) in (3, 4):
-            topic, partition, start, *rest = parts
-            if (
-                _canonical(partition)
-                and len(start) == 20
-                and start.isascii()
-                and start.isdigit()
-                and (not rest or (_canonical(rest[0]) and rest[0] != "0"))
-            ):
-                parsed = TaskId(topic, int(partition), int(start), int(rest[0]) if rest else 0)
-                try:
-                    if TaskRecord.make_id(*parsed) == task_id:
-                        return parsed
-                except ValueError:
-                    pass  # reported below, with the whole id
+        if isinstance(task_id, str):
+            parsed = _parsed_id(task_id)
+            if parsed is not None:
+                return parsed
         raise _check.error("task_id", f"{task_id!r} is not <topic>:<partition>:<20-digit start>[:<pass>]")
 
     def to_json(self) -> bytes:
@@ -157,3 +146,26 @@ def _canonical(digits: str) -> bool:
     """A decimal without sign, spaces or leading zeros, so every id has one spelling."""
     # The length bound also keeps int() clear of its 4300-digit limit.
     return 0 < len(digits) <= 20 and digits.isascii() and digits.isdigit() and str(int(digits)) == digits
+
+
+# A shard parses the id of every delta it reads, and of every task it holds for its stats: the
+# same few ids again and again.
+@functools.lru_cache(maxsize=1 << 14)
+def _parsed_id(task_id: str) -> TaskId | None:
+    parts = task_id.split(":")
+    if len(parts) in (3, 4):
+        topic, partition, start, *rest = parts
+        if (
+            _canonical(partition)
+            and len(start) == 20
+            and start.isascii()
+            and start.isdigit()
+            and (not rest or (_canonical(rest[0]) and rest[0] != "0"))
+        ):
+            parsed = TaskId(topic, int(partition), int(start), int(rest[0]) if rest else 0)
+            try:
+                if TaskRecord.make_id(*parsed) == task_id:
+                    return parsed
+            except ValueError:
+                pass  # refused by parse_id, with the whole id
+    return None

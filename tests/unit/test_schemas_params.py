@@ -1,4 +1,5 @@
 import math
+import struct
 
 import numpy as np
 import pytest
@@ -112,6 +113,28 @@ def test_non_finite_param_value_on_the_wire_raises_schema_error(bad):
 )
 def test_constructing_an_invalid_param_block_raises_schema_error(args, field):
     raises_naming(field, ParamBlock, *args)
+
+
+def test_param_block_bytes_are_header_name_padding_then_float32s():
+    data = small_block().to_bytes()
+    head = b"SB\x01" + struct.pack("<BIQI", 9, 7, 42, 3) + b"fc.weight"
+    assert data == head + bytes(-len(head) % 8) + np.array([0.25, -1.0, 1234.0], dtype="<f4").tobytes()
+
+
+@FAST
+@given(blocks)
+def test_a_block_of_wire_types_is_the_checked_block(block):
+    fast = ParamBlock.of_wire_types(block.param, block.block, block.version, block.values)
+    assert fast == block
+    assert fast.to_bytes() == block.to_bytes()
+
+
+@pytest.mark.parametrize("args, field", [
+    (("w", 0, 0, np.array([1.0, np.inf], dtype=np.float32)), "values"),
+    (("", 0, 0, np.ones(1, dtype=np.float32)), "param"),
+])
+def test_a_block_of_wire_types_still_refuses_non_finite_values_and_no_name(args, field):
+    raises_naming(field, ParamBlock.of_wire_types, *args)
 
 
 @settings(max_examples=300, deadline=None)
