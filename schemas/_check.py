@@ -5,10 +5,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from .errors import SchemaError
+
+T = TypeVar("T")
 
 U16_MAX = 2**16 - 1
 U32_MAX = 2**32 - 1
@@ -129,6 +132,13 @@ class Check:
             raise self.error(f"{field}values", f"dim {values.shape[1]} is out of range [1, {U16_MAX}]")
         self.finite(f"{field}values", values)
 
+    def named_values(self, name_field: str, name: str, values: np.ndarray) -> None:
+        """What is left to check of a named array of the wire's types (a name of at most 255
+        bytes, a float32 array): a name and finite values (field ``values``)."""
+        if not name:
+            raise self.error(name_field, "must not be empty")
+        self.finite("values", values)
+
     def float_array(self, field: str, values: object, ndim: int) -> np.ndarray:
         """Any floating array of the right rank, as C-contiguous float32 (no copy if it already is)."""
         if not isinstance(values, np.ndarray):
@@ -145,6 +155,16 @@ class Check:
         if narrowed is not values:
             self.finite(field, narrowed)
         return narrowed
+
+
+def unchecked(cls: type[T], **fields: object) -> T:
+    """An instance of the frozen dataclass `cls` holding `fields` as given, its own checks
+    skipped: for values decoded from the wire or made by our own code, whose types the
+    format or the maker guarantees, where the checks were much of the cost (the caller
+    checks what is left)."""
+    out = object.__new__(cls)
+    out.__dict__.update(fields)
+    return out
 
 
 def utf8(check: Check, field: str, value: str) -> bytes:

@@ -8,7 +8,7 @@ from typing import Literal
 import numpy as np
 
 from ._binary import BytesLike, Reader, Writer, le
-from ._check import U32_MAX, U64_MAX, Check, nested
+from ._check import U32_MAX, U64_MAX, Check, nested, unchecked
 from .errors import SchemaError
 
 VERSION = 1
@@ -60,12 +60,8 @@ class DenseSlice:
         `values` a 1-D C-contiguous float32 array. Checks only that the name is not empty
         and the values finite: a shard decodes, and a trainer builds, several slices a push,
         and the full checks were half of decoding."""
-        if not param:
-            raise _slice_check.error("param", "must not be empty")
-        _slice_check.finite("values", values)
-        out = object.__new__(cls)
-        out.__dict__.update(param=param, block=block, offset=offset, values=values)
-        return out
+        _slice_check.named_values("param", param, values)
+        return unchecked(cls, param=param, block=block, offset=offset, values=values)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, DenseSlice):
@@ -98,9 +94,7 @@ class SparseRows:
         """From arrays of the wire's types (1-D uint64 ids; C-contiguous float32 rows, as many
         as ids, of a u16 width), as `DenseSlice.of_wire_types`."""
         _rows_check.decoded_rows("", table, values)
-        out = object.__new__(cls)
-        out.__dict__.update(table=table, ids=ids, values=values)
-        return out
+        return unchecked(cls, table=table, ids=ids, values=values)
 
     @property
     def dim(self) -> int:
@@ -220,10 +214,8 @@ class GradientDelta:
             if not text:
                 raise _check.error(field, "must not be empty")
         # The rest of __post_init__'s checks hold by the wire format (widths, dtype code).
-        out = object.__new__(cls)
-        out.__dict__.update(task_id=task_id, seq=seq, trainer_id=trainer_id, shard=shard, step=step,
-                            examples=examples, dtype=dtype, dense=tuple(dense), sparse=tuple(sparse))
-        return out
+        return unchecked(cls, task_id=task_id, seq=seq, trainer_id=trainer_id, shard=shard, step=step,
+                         examples=examples, dtype=dtype, dense=tuple(dense), sparse=tuple(sparse))
 
 
 def _entries(field: str, value: object, kind: type) -> tuple:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._binary import PREAMBLE, BytesLike, Reader, le
-from ._check import U16_MAX, U32_MAX, U64_MAX, Check
+from ._check import U16_MAX, U32_MAX, U64_MAX, Check, unchecked
 
 VERSION = 1
 MAGIC = b"SB"
@@ -61,12 +61,8 @@ class ParamBlock:
         most 255 bytes, integers in range, `values` a 1-D C-contiguous float32 array). Checks
         only that the name is not empty and the values finite: a shard publishes every
         changed block each round, and the full checks were most of encoding one."""
-        if not param:
-            raise _check.error("param", "must not be empty")
-        _check.finite("values", values)
-        out = object.__new__(cls)
-        out.__dict__.update(param=param, block=block, version=version, values=values)
-        return out
+        _check.named_values("param", param, values)
+        return unchecked(cls, param=param, block=block, version=version, values=values)
 
     def to_bytes(self) -> bytes:
         param = self.param.encode("utf-8")
@@ -88,9 +84,7 @@ class ParamBlock:
         # decodes every dense block, so the dataclass's own checks were half its decoding.
         _check.name("param", param)
         _check.finite("values", values)
-        out = object.__new__(cls)
-        out.__dict__.update(param=param, block=block, version=version, values=values)
-        return out
+        return unchecked(cls, param=param, block=block, version=version, values=values)
 
 
 def encode_rows(values: np.ndarray) -> list[bytes]:

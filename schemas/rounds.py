@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._binary import BytesLike, Reader, Writer, le
-from ._check import U16_MAX, U64_MAX, Check
+from ._check import U16_MAX, U64_MAX, Check, unchecked
 
 VERSION = 1
 MAGIC = b"SR"
@@ -39,9 +39,7 @@ class RoundRows:
         ids, of a u16 width): what is left to check is a name, a width and finite values.
         Trainers decode a few rounds every pull, and the full checks were half of it."""
         _check.decoded_rows("rows.", table, values)
-        out = object.__new__(cls)
-        out.__dict__.update(table=table, ids=ids, values=values)
-        return out
+        return unchecked(cls, table=table, ids=ids, values=values)
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,9 +105,7 @@ class PublishedRound:
         if reset and rows:
             raise _check.error("rows", "a reset round carries no rows")
         # The rest of __post_init__'s checks hold by the wire format (widths).
-        out = object.__new__(cls)
-        out.__dict__.update(epoch=epoch, round=round_no, reset=bool(reset), applied=applied, rows=tuple(rows))
-        return out
+        return unchecked(cls, epoch=epoch, round=round_no, reset=bool(reset), applied=applied, rows=tuple(rows))
 
 
 _mark = Check("FlushMark", VERSION)
