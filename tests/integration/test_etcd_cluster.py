@@ -51,6 +51,8 @@ def test_a_job_goes_on_through_the_etcd_leaders_death(services, etcd_cluster, re
 
     logs = tmp_path / "logs"
     with LocalJob(config, trainers=2, endpoints=endpoints, log_dir=logs) as job:
+        # The job's own master leads first: started beside it, forked warm, either could win.
+        wait_for(lambda: "became leader" in read(logs / "master.log"), 60, "the job's master to lead")
         job.add("master-standby", ["master", "--job", str(job.job_file)])
         wait_for(lambda: "standby:" in read(logs / "master-standby.log"), 60, "the second master to stand by")
         wait_for(lambda: job.status().examples > 0, 60, "training under way")
