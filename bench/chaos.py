@@ -59,12 +59,14 @@ import numpy as np
 from bench.e2e import MODELS, Workload, children, examples, job_toml, quality, start_time, steady_rate, write_log
 from streamtrain.infra import Endpoints, LocalServices, Ports
 from streamtrain.infra.clients import redis_client
+from streamtrain.infra.cpus import available
 from streamtrain.infra.etcd_server import is_leader
 from streamtrain.jobstate.redisnodes import ShardNodes
 from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.errors import CoordinationError
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.sharding import SlotMap
+from streamtrain.local import trainer_args
 from streamtrain.schemas import AppliedSteps, EtcdKeys, JobState, RedisKeys, ShardStats, partition_label
 from streamtrain.supervisor import Supervisor, pid_alive
 from streamtrain.trainer.scoring import Scorer
@@ -310,7 +312,7 @@ class Chaos:
         for i in range(SHARDS):
             sup.add(f"shard-{i}", ["pserver", "--job", name, "--index", str(i)])
         for i in range(TRAINERS):
-            sup.add(f"trainer-t{i}", ["trainer", "--job", name, "--id", f"t{i}"])
+            sup.add(f"trainer-t{i}", trainer_args(name, i, TRAINERS, available(), f"t{i}"))
         probe = Probe(self.endpoints, name)
         began = time.time()
         applied: list[tuple[float, int]] = []

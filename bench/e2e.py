@@ -56,9 +56,11 @@ from torch import nn
 from bench.trainer_throughput import cpu_seconds, write_topic
 from streamtrain.infra import Endpoints, LocalServices, Ports
 from streamtrain.infra.clients import TopicSpec, ensure_topics, redis_client
+from streamtrain.infra.cpus import available
 from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.sharding import SlotMap, mix64, name_salt
+from streamtrain.local import trainer_args
 from streamtrain.producers.clickmodel import ClickModel, ClickModelConfig, ImpressionColumns, auc
 from streamtrain.schemas import EtcdKeys, Example, RedisKeys, ShardStats
 from streamtrain.trainer.features import Featurizer
@@ -361,7 +363,8 @@ def job_run(endpoints: Endpoints, services: dict[str, int], work: Workload, fmt:
 
 
 def start_job(endpoints: Endpoints, job_file: Path, name: str, trainers: int, log) -> dict[str, list[subprocess.Popen]]:
-    """A master, 2 shards and `trainers` trainers as their own processes, logging to `log`."""
+    """A master, 2 shards and `trainers` trainers as their own processes, logging to `log`;
+    each trainer on its share of the CPUs, as `job run` places them (`local.trainer_args`)."""
     env = dict(os.environ, STREAMTRAIN_KAFKA=endpoints.kafka, STREAMTRAIN_ETCD=endpoints.etcd,
                STREAMTRAIN_REDIS=endpoints.redis)
 
@@ -371,7 +374,7 @@ def start_job(endpoints: Endpoints, job_file: Path, name: str, trainers: int, lo
 
     return {"master": [start("master", "--job", str(job_file))],
             "shard": [start("pserver", "--job", name, "--index", str(i)) for i in range(2)],
-            "trainer": [start("trainer", "--job", name, "--id", f"t{i}") for i in range(trainers)]}
+            "trainer": [start(*trainer_args(name, i, trainers, available(), f"t{i}")) for i in range(trainers)]}
 
 
 def stop_job(procs: dict[str, list[subprocess.Popen]]) -> None:

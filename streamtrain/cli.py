@@ -276,15 +276,25 @@ def trainer_cmd(
     max_tasks: Annotated[Optional[int], typer.Option("--max-tasks", help="Stop after this many tasks.",
                                                      show_default=False)] = None,
     lease_ttl_s: Annotated[int, typer.Option("--lease-ttl-s", help="TTL of the membership lease.")] = 10,
+    cpus: Annotated[Optional[str], typer.Option(
+        "--cpus", help="Run this trainer and its loaders on these CPUs only, e.g. 0 or 0,2-3 (Linux). "
+        "`job run` gives each of its trainers a share of the machine's CPUs.", show_default=False)] = None,
     metrics_port: MetricsPortOpt = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run a trainer: claim tasks, read exactly their offsets, train, push gradients, until
     stopped. SIGTERM releases the current task cleanly."""
+    from streamtrain.infra import cpus as cpu_affinity
     from streamtrain.jobstate.errors import MasterError
     from streamtrain.trainer.worker import Trainer
 
     _setup_logging(verbose)
+    if cpus is not None:
+        try:
+            cpu_affinity.pin(cpu_affinity.parse(cpus))
+        except (ValueError, InfraError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from exc
     stop = stop_on_signals()
     trainer = Trainer(Endpoints.resolve(), _job_name(job), trainer_id, lease_ttl_s=lease_ttl_s)
     _serve_metrics(metrics_port, "trainer", ready=lambda: trainer.registered)

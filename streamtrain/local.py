@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from streamtrain.infra import Endpoints, InfraError
+from streamtrain.infra.cpus import available, share
 from streamtrain.infra.endpoints import state_home
 from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.errors import CoordinationError
@@ -55,6 +56,17 @@ def shard_of_child(name: str) -> int | None:
     """The shard index of a child `pserver_child` named; None for any other child."""
     index = name.removeprefix("pserver-")
     return int(index) if index != name and index.isascii() and index.isdigit() else None
+
+
+def trainer_args(job: str, index: int, count: int, cpus: Sequence[int], trainer_id: str | None = None) -> list[str]:
+    """The command line of trainer `index` of `count` on a machine whose CPUs (those this
+    process may use) are `cpus`: its share of them (`infra.cpus.share`) when it is not all.
+    Its id is `trainer-<index>` unless `trainer_id` names another."""
+    args = ["trainer", "--job", job, "--id", trainer_id or f"trainer-{index}"]
+    mine = share(index, count, cpus)
+    if mine != tuple(cpus):
+        args += ["--cpus", ",".join(map(str, mine))]
+    return args
 
 
 class LocalJobError(StreamtrainError, RuntimeError):
@@ -143,8 +155,9 @@ class LocalJob:
         self.supervisor.add("master", ["master", "--job", str(self.job_file)])
         for i in range(self.config.pservers.count):
             self.supervisor.add(pserver_child(i), self._pserver_args(i))
+        cpus = available()
         for i in range(self.trainers):
-            self.supervisor.add(f"trainer-{i}", ["trainer", "--job", self.name, "--id", f"trainer-{i}"])
+            self.supervisor.add(f"trainer-{i}", trainer_args(self.name, i, self.trainers, cpus))
         self.monitor = JobMonitor(self.endpoints, self.name, self.config.pservers.count, self._started)
         self._poller = threading.Thread(target=self._poll, name=f"{self.name}-supervisor", daemon=True)
         self._poller.start()
