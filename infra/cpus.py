@@ -1,12 +1,13 @@
 """Which CPUs a job's trainers run on, when one machine runs several (Linux CPU affinity).
 
 A trainer and its loader process hand a chunk of examples over a socket and then work on it
-in turn; left to the scheduler on a 2-core machine running ten processes of a job, both
-trainers migrate between the cores all run long, and their caches with them. Each trainer
-(and so its loader, which inherits the mask) gets its own share of the CPUs instead: in eight
-paired end-to-end runs the job was faster pinned in six, by 11% on the geometric mean of the
-pairs (bench/RESULTS.md, session 42). Shards, the master and the services are left to the
-scheduler, to fill whatever the trainers leave idle.
+in turn. Each trainer (and so its loader, which inherits the mask) gets its own share of the
+CPUs rather than every process of the job floating over all of them: in eight paired
+end-to-end runs on a 2-core machine (four pinned by a throwaway script, four by this code)
+pinned was faster in six, by 11% on the geometric mean of the pairs and 7% at the median,
+though the machine drifted as much between two runs (bench/RESULTS.md, session 42). The cost:
+a trainer's loader now competes with it for its share. Shards, the master and the services
+are left to the scheduler, to fill whatever the trainers leave idle.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import os
 from collections.abc import Sequence
 
 from streamtrain.infra.errors import InfraError
+
+_MAX_CPU = 1 << 16  # beyond any CPU number: bounds what a `--cpus` range may expand to
 
 
 def available() -> tuple[int, ...]:
@@ -25,9 +28,10 @@ def available() -> tuple[int, ...]:
 
 def share(index: int, count: int, cpus: Sequence[int]) -> tuple[int, ...]:
     """The CPUs of trainer `index` of `count` on a machine with `cpus`: the CPUs cut into
-    `count` contiguous runs, as even as they go (the first ones a CPU longer), or, with more
-    trainers than CPUs, the CPUs dealt round-robin. Every CPU when there is one trainer or no
-    CPU to choose from: nothing to share.
+    `count` contiguous runs, as even as they go (the first ones a CPU longer); with a multiple
+    of the CPUs' number of trainers, the CPUs dealt round-robin. Every CPU when no even share
+    exists (one trainer, one CPU or none known, or 3 trainers on 2 CPUs, where one CPU would
+    carry two trainers and the other one): the scheduler then balances them.
 
     Raises:
         ValueError: `index` is not in range(count).
@@ -38,7 +42,7 @@ def share(index: int, count: int, cpus: Sequence[int]) -> tuple[int, ...]:
     if count == 1 or len(cpus) <= 1:
         return cpus
     if count >= len(cpus):
-        return (cpus[index % len(cpus)],)
+        return (cpus[index % len(cpus)],) if count % len(cpus) == 0 else cpus
     size, extra = divmod(len(cpus), count)
     start = index * size + min(index, extra)
     return cpus[start:start + size + (index < extra)]
@@ -50,25 +54,31 @@ def parse(text: str) -> tuple[int, ...]:
     Raises:
         ValueError: naming the part that is not a CPU number or range.
     """
-    out: list[int] = []
+    out: set[int] = set()
     for part in (p.strip() for p in text.split(",")):
         low, dash, high = part.partition("-")
-        if not low.isdigit() or (dash and not high.isdigit()):
+        if not _number(low) or (dash and not _number(high)):
             raise ValueError(f"--cpus: {part!r} is not a CPU number or range (e.g. 0,2-3)")
         first, last = int(low), int(high) if dash else int(low)
-        if last < first:
-            raise ValueError(f"--cpus: {part!r} is an empty range")
-        out.extend(range(first, last + 1))
-    return tuple(sorted(set(out)))
+        if last < first or last >= _MAX_CPU:
+            raise ValueError(f"--cpus: {part!r} is {'an empty range' if last < first else 'no CPU number'}")
+        out.update(range(first, last + 1))
+    return tuple(sorted(out))
+
+
+def _number(text: str) -> bool:
+    return text.isascii() and text.isdigit()  # str.isdigit alone takes '²', which int() refuses
 
 
 def pin(cpus: Sequence[int]) -> None:
     """Run every thread of this process, and whatever it starts from now on, on `cpus` only.
     Linux sets the mask a thread at a time and new threads and child processes inherit their
-    creator's, so each thread already running is set too.
+    creator's, so each thread already running is set too, until a listing finds none new (a
+    thread not yet set may start another meanwhile).
 
     Raises:
-        InfraError: the platform has no CPU affinity, or a CPU is not one this process may use.
+        ValueError: a CPU is not one this process may use, or none is given.
+        InfraError: the platform has no CPU affinity, or the kernel refused the mask.
     """
     setter = getattr(os, "sched_setaffinity", None)
     if setter is None:
@@ -76,10 +86,15 @@ def pin(cpus: Sequence[int]) -> None:
     allowed = set(available())
     wrong = sorted(set(cpus) - allowed)
     if not cpus or wrong:
-        raise InfraError(f"--cpus: {', '.join(map(str, wrong)) or 'none given'}: this process may run on "
+        raise ValueError(f"--cpus: {', '.join(map(str, wrong)) or 'none given'}: this process may run on "
                          f"CPUs {', '.join(map(str, sorted(allowed)))}")
-    for task in os.listdir("/proc/self/task"):
-        try:
-            setter(int(task), set(cpus))
-        except ProcessLookupError:  # a thread that ended meanwhile
-            continue
+    done: set[str] = set()
+    while todo := set(os.listdir("/proc/self/task")) - done:
+        for task in todo:
+            try:
+                setter(int(task), set(cpus))
+            except ProcessLookupError:  # a thread that ended meanwhile
+                pass
+            except OSError as exc:
+                raise InfraError(f"--cpus: the kernel refused CPUs {', '.join(map(str, cpus))}: {exc}") from exc
+        done |= todo

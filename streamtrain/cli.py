@@ -284,6 +284,8 @@ def trainer_cmd(
 ) -> None:
     """Run a trainer: claim tasks, read exactly their offsets, train, push gradients, until
     stopped. SIGTERM releases the current task cleanly."""
+    from rich.markup import escape
+
     from streamtrain.infra import cpus as cpu_affinity
     from streamtrain.jobstate.errors import MasterError
     from streamtrain.trainer.worker import Trainer
@@ -293,7 +295,7 @@ def trainer_cmd(
         try:
             cpu_affinity.pin(cpu_affinity.parse(cpus))
         except (ValueError, InfraError) as exc:
-            typer.echo(f"error: {exc}", err=True)
+            err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
             raise typer.Exit(2) from exc
     stop = stop_on_signals()
     trainer = Trainer(Endpoints.resolve(), _job_name(job), trainer_id, lease_ttl_s=lease_ttl_s)

@@ -155,9 +155,9 @@ class LocalJob:
         self.supervisor.add("master", ["master", "--job", str(self.job_file)])
         for i in range(self.config.pservers.count):
             self.supervisor.add(pserver_child(i), self._pserver_args(i))
-        cpus = available()
         for i in range(self.trainers):
-            self.supervisor.add(f"trainer-{i}", trainer_args(self.name, i, self.trainers, cpus))
+            # At every start: a restart finds the CPUs this process may use now.
+            self.supervisor.add(f"trainer-{i}", lambda i=i: trainer_args(self.name, i, self.trainers, available()))
         self.monitor = JobMonitor(self.endpoints, self.name, self.config.pservers.count, self._started)
         self._poller = threading.Thread(target=self._poll, name=f"{self.name}-supervisor", daemon=True)
         self._poller.start()

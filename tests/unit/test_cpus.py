@@ -13,7 +13,8 @@ from streamtrain.local import trainer_args
 
 @pytest.mark.parametrize("count, cpus, expected", [
     (2, (0, 1), [(0,), (1,)]),  # the e2e machine: a core each
-    (4, (0, 1), [(0,), (1,), (0,), (1,)]),  # more trainers than CPUs: dealt round-robin
+    (4, (0, 1), [(0,), (1,), (0,), (1,)]),  # a multiple of the CPUs: dealt round-robin
+    (3, (0, 1), [(0, 1)] * 3),  # no even share (two on one CPU, one on the other): every CPU
     (3, tuple(range(8)), [(0, 1, 2), (3, 4, 5), (6, 7)]),  # runs as even as they go
     (2, (2, 3, 6, 7), [(2, 3), (6, 7)]),  # the CPUs this process may use, not 0..n
     (1, (0, 1), [(0, 1)]),  # one trainer: every CPU
@@ -24,6 +25,9 @@ def test_each_trainer_gets_its_share_and_every_cpu_is_someones(count, cpus, expe
     shares = [share(i, count, cpus) for i in range(count)]
     assert shares == expected
     assert set().union(*shares) == set(cpus)
+    if 1 < count <= len(cpus):  # cut into runs: no CPU twice, sizes a CPU apart at most
+        assert sum(map(len, shares)) == len(cpus)
+        assert max(map(len, shares)) - min(map(len, shares)) <= 1
 
 
 def test_a_trainer_index_out_of_range_is_refused():
@@ -34,7 +38,8 @@ def test_a_trainer_index_out_of_range_is_refused():
 def test_cpus_values_parse_and_bad_ones_are_named():
     assert parse("0") == (0,)
     assert parse("3,0-1, 1") == (0, 1, 3)
-    for bad, part in (("a", "'a'"), ("1-", "'1-'"), ("3-1", "'3-1'"), ("", "''")):
+    for bad, part in (("a", "'a'"), ("1-", "'1-'"), ("3-1", "'3-1'"), ("", "''"), ("²", "'²'"),
+                      ("0-99999999999", "'0-99999999999' is no CPU number")):
         with pytest.raises(ValueError, match=part):
             parse(bad)
 
@@ -64,12 +69,19 @@ child = subprocess.run([sys.executable, '-c', 'import os; print(sorted(os.sched_
                        capture_output=True, text=True, check=True).stdout.strip()
 print(sorted(os.sched_getaffinity(0)), sorted(seen['before']), child)
 """
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         timeout=120).stdout.split()
     assert out == [f"[{cpu}]"] * 3
 
 
+@pytest.mark.skipif(not available(), reason="no CPU affinity on this platform")
 def test_a_cpu_this_process_may_not_use_is_refused_by_the_trainer_command():
     result = subprocess.run([sys.executable, "-m", "streamtrain", "trainer", "--job", "x", "--cpus", "4096"],
-                            capture_output=True, text=True)
+                            capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "--cpus: 4096: this process may run on CPUs" in result.stderr
+    # The message names the value as given, brackets and all (the console reads markup).
+    result = subprocess.run([sys.executable, "-m", "streamtrain", "trainer", "--job", "x", "--cpus", "[1]"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "--cpus: '[1]' is not a CPU number or range" in result.stderr
