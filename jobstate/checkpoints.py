@@ -39,13 +39,24 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from streamtrain.jobstate import queue
-from streamtrain.jobstate.etcd import (MAX_TXN_OPS, Entry, Etcd, Op, absent, delete_op, delete_prefix_op, put_op,
-                                      value_is)
+from streamtrain.jobstate.etcd import (MAX_TXN_OPS, Compare, Entry, Etcd, Op, absent, delete_op, delete_prefix_op,
+                                      put_op, value_is)
 from streamtrain.schemas import (CheckpointRequest, EtcdKeys, JobRecord, KeptDocument, LatestCheckpoint, SchemaError,
                                  TaskRecord)
 from streamtrain.schemas.keys import TaskState
 
 log = logging.getLogger(__name__)
+
+WriteIf = Callable[[list[Compare], list[Op]], bool]
+"""Writes `ops` in one transaction if every `compare` holds; returns whether it did. The
+master's is its lock's `write_if` (master/leader.py), fenced: it raises `NotLeaderError` once
+another master leads, so a master that lost the lock names no checkpoint and prunes no
+record. Others' is `plain`."""
+
+
+def plain(etcd: Etcd) -> WriteIf:
+    """A transaction of `etcd`'s, unfenced: for the command that asks for a checkpoint."""
+    return lambda compare, ops: etcd.txn(compare, ops)[0]
 
 
 def new_checkpoint_id() -> str:
@@ -53,10 +64,10 @@ def new_checkpoint_id() -> str:
     return f"{time.time_ns():020d}"
 
 
-def record(etcd: Etcd, job: str, checkpoint_id: str) -> None:
+def record(etcd: Etcd, job: str, checkpoint_id: str, write_if: WriteIf) -> None:
     """Step 1: the job's side of checkpoint `checkpoint_id`, as of now."""
     keys = EtcdKeys(job)
-    etcd.put(keys.checkpoint_job(checkpoint_id), job_record(etcd, keys))
+    write_if([], [put_op(keys.checkpoint_job(checkpoint_id), job_record(etcd, keys))])
 
 
 def job_record(etcd: Etcd, keys: EtcdKeys) -> bytes:
@@ -146,14 +157,14 @@ def ask(etcd: Etcd, job: str) -> bytes | None:
     return value if ok else None
 
 
-def request(etcd: Etcd, job: str, checkpoint_id: str, asked: bytes | None = None) -> bytes | None:
+def request(job: str, checkpoint_id: str, asked: bytes | None, write_if: WriteIf) -> bytes | None:
     """Step 2: ask every shard for checkpoint `checkpoint_id`, in place of the ask `asked` (its
     nonce is kept, so the asker can follow). Returns the request's value, for `withdraw`; None
     if `asked` was withdrawn meanwhile."""
     key = EtcdKeys(job).control("checkpoint")
     nonce = CheckpointRequest.from_json(asked).ask if asked is not None else None
     value = CheckpointRequest(checkpoint_id, nonce, time.time()).to_json()
-    ok, _ = etcd.txn([value_is(key, asked) if asked is not None else absent(key)], [put_op(key, value)])
+    ok = write_if([value_is(key, asked) if asked is not None else absent(key)], [put_op(key, value)])
     return value if ok else None
 
 
@@ -163,19 +174,19 @@ def missing_shards(etcd: Etcd, job: str, checkpoint_id: str, shards: int) -> lis
     return [i for i in range(shards) if keys.checkpoint_shard(checkpoint_id, i) not in have]
 
 
-def complete(etcd: Etcd, job: str, request: bytes, shards: int) -> float:
+def complete(job: str, request: bytes, shards: int, write_if: WriteIf) -> float:
     """Step 3: the checkpoint `request` asked the shards for is the newest rollback target (an
     asker knows it by its ask). Returns when it was named so."""
     asked, at = CheckpointRequest.from_json(request), time.time()
-    etcd.put(EtcdKeys(job).checkpoints_latest, LatestCheckpoint(asked.id, shards, at, asked.ask).to_json())
+    write_if([], [put_op(EtcdKeys(job).checkpoints_latest, LatestCheckpoint(asked.id, shards, at, asked.ask).to_json())])
     return at
 
 
-def withdraw(etcd: Etcd, job: str, value: bytes) -> None:
+def withdraw(job: str, value: bytes, write_if: WriteIf) -> None:
     """Take the request back, unless another has replaced it: a shard started later must not
     take it."""
     key = EtcdKeys(job).control("checkpoint")
-    etcd.txn([value_is(key, value)], [delete_op(key)])
+    write_if([value_is(key, value)], [delete_op(key)])
 
 
 def latest(etcd: Etcd, job: str) -> str | None:
@@ -186,7 +197,7 @@ def latest(etcd: Etcd, job: str) -> str | None:
         return None
 
 
-def prune_records(etcd: Etcd, job: str) -> list[str]:
+def prune_records(etcd: Etcd, job: str, write_if: WriteIf) -> list[str]:
     """Delete the job records of checkpoints older than the latest that no shard keeps any more
     (shards prune their own); returns their ids."""
     newest = latest(etcd, job)
@@ -199,6 +210,7 @@ def prune_records(etcd: Etcd, job: str) -> list[str]:
         if len(path) >= 2:
             parts.setdefault(path[0], set()).add(path[1])
     gone = [cid for cid, names in parts.items() if cid < newest and names <= {"job", "rolled"}]
-    for cid in gone:
-        etcd.delete_prefix(keys.checkpoint(cid))
+    ops = [delete_prefix_op(keys.checkpoint(cid)) for cid in gone]
+    for i in range(0, len(ops), MAX_TXN_OPS):
+        write_if([], ops[i:i + MAX_TXN_OPS])
     return sorted(gone)

@@ -54,9 +54,12 @@ class _Outstanding:
 
 
 class PeriodicCheckpoints:
-    def __init__(self, etcd: Etcd, job: str, every_s: float, shards: int, clock: Callable[[], float]) -> None:
-        """`shards`: the job's shard count, until `step` says otherwise (a resize)."""
+    def __init__(self, etcd: Etcd, job: str, every_s: float, shards: int, clock: Callable[[], float],
+                 write_if: cut.WriteIf) -> None:
+        """`shards`: the job's shard count, until `step` says otherwise (a resize); `write_if`:
+        the master's lock's, so that every write here is fenced on it."""
         self.etcd, self.job, self.every_s, self.shards, self.clock = etcd, job, every_s, shards, clock
+        self.write_if = write_if
         self.last_began = clock()  # the first one after an interval, as a shard's own
         self._outstanding: _Outstanding | None = None
 
@@ -77,7 +80,7 @@ class PeriodicCheckpoints:
                 checkpoint_id = CheckpointRequest.from_json(request).id
             except SchemaError as exc:
                 log.warning("withdrawing %s", exc)
-                cut.withdraw(self.etcd, self.job, request)
+                cut.withdraw(self.job, request, self.write_if)
                 return False
             self._outstanding = mine = _Outstanding(checkpoint_id, request, now)
         asked = mine is not None and mine.checkpoint_id is None
@@ -87,10 +90,10 @@ class PeriodicCheckpoints:
             self._begin(mine.request if mine else None, now)
         elif move == "check" and mine is not None and mine.checkpoint_id is not None:
             if not cut.missing_shards(self.etcd, self.job, mine.checkpoint_id, self.shards):
-                cut.complete(self.etcd, self.job, mine.request, self.shards)
-                cut.withdraw(self.etcd, self.job, mine.request)
+                cut.complete(self.job, mine.request, self.shards, self.write_if)
+                cut.withdraw(self.job, mine.request, self.write_if)
                 self._outstanding = None
-                pruned = cut.prune_records(self.etcd, self.job)
+                pruned = cut.prune_records(self.etcd, self.job, self.write_if)
                 log.info("checkpoint %s taken in %.1f s (%d old records pruned)", mine.checkpoint_id,
                          now - mine.since, len(pruned))
         elif move == "abandon" and mine is not None:
@@ -98,14 +101,14 @@ class PeriodicCheckpoints:
                 if mine.checkpoint_id else "all"
             log.warning("checkpoint request %r withdrawn after %.1f s (%s); shard(s) %s had not taken it",
                         mine.request, now - mine.since, "a rollback" if busy else "too long", missing)
-            cut.withdraw(self.etcd, self.job, mine.request)
+            cut.withdraw(self.job, mine.request, self.write_if)
             self._outstanding = None
         return self._outstanding is not None and self._outstanding.checkpoint_id is not None
 
     def _begin(self, asked: bytes | None, now: float) -> None:
         checkpoint_id = cut.new_checkpoint_id()
-        cut.record(self.etcd, self.job, checkpoint_id)
-        value = cut.request(self.etcd, self.job, checkpoint_id, asked)
+        cut.record(self.etcd, self.job, checkpoint_id, self.write_if)
+        value = cut.request(self.job, checkpoint_id, asked, self.write_if)
         # None: the ask was withdrawn, or one came in meanwhile; the record is pruned later.
         self._outstanding = _Outstanding(checkpoint_id, value, now) if value is not None else None
         self.last_began = now

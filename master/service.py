@@ -115,7 +115,7 @@ class Master:
         self._compact_mark: tuple[float, int] | None = None
         self.metrics = MasterMetrics.for_job(config.name)
         self.checkpoints = PeriodicCheckpoints(etcd, config.name, config.pservers.checkpoint_every_s,
-                                               config.pservers.count, clock)
+                                               config.pservers.count, clock, self.lock.write_if)
 
     # -- life cycle ----------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:

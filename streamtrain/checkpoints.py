@@ -139,7 +139,7 @@ def request_checkpoint(etcd: Etcd, job: str, wait_s: float = 60.0, poll_s: float
             time.sleep(poll_s)
     finally:
         if current is not None:
-            cut.withdraw(etcd, job, current)
+            cut.withdraw(job, current, cut.plain(etcd))
 
 
 class RollbackError(CheckpointError):

@@ -17,7 +17,7 @@ from streamtrain.jobstate.errors import CoordinationError, NotLeaderError
 from streamtrain.jobstate.etcd import Etcd, put_op
 from streamtrain.jobstate.tasks import TaskClient
 from streamtrain.master.service import Master
-from streamtrain.schemas import EtcdKeys, JobState
+from streamtrain.schemas import CheckpointRequest, EtcdKeys, JobState
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -146,6 +146,11 @@ def test_every_master_write_is_refused_once_another_master_holds_the_lock(
     with pytest.raises(NotLeaderError):
         master.lock.write([put_op(keys.prefix + "probe", b"x")])
     assert etcd.get(keys.prefix + "probe") is None
+    # Its checkpoint writes too: asked for one, it begins it, and may not write its record.
+    asked = CheckpointRequest(ask="a", at=time.time()).to_json()
+    with pytest.raises(NotLeaderError):
+        master.checkpoints.step(request=asked, busy=False)
+    assert etcd.range(keys.checkpoints_prefix) == []
     etcd.close()
 
 
