@@ -178,7 +178,8 @@ def complete(job: str, request: bytes, shards: int, write_if: WriteIf) -> float:
     """Step 3: the checkpoint `request` asked the shards for is the newest rollback target (an
     asker knows it by its ask). Returns when it was named so."""
     asked, at = CheckpointRequest.from_json(request), time.time()
-    write_if([], [put_op(EtcdKeys(job).checkpoints_latest, LatestCheckpoint(asked.id, shards, at, asked.ask).to_json())])
+    named = LatestCheckpoint(asked.id, shards, at, asked.ask).to_json()
+    write_if([], [put_op(EtcdKeys(job).checkpoints_latest, named)])
     return at
 
 
