@@ -295,9 +295,10 @@ class DeclaredFast:
             encoded = pc.dictionary_encode(col).combine_chunks() if isinstance(col, pa.ChunkedArray) \
                 else pc.dictionary_encode(col)
             table = np.array([self._stable_id(s) for s in encoded.dictionary.to_pylist()], dtype=np.uint64)
-            indices = encoded.indices.to_numpy(zero_copy_only=False)
             good = ~encoded.indices.is_null().to_numpy(zero_copy_only=False)
-            return table[np.where(good, indices, 0)] if len(table) else np.zeros(n, np.uint64), good
+            # Filled first: with a null among them the indices came out as floats (NaN for it).
+            indices = pc.fill_null(encoded.indices, 0).to_numpy(zero_copy_only=False)
+            return table[indices] if len(table) else np.zeros(n, np.uint64), good
         if pa.types.is_integer(kind):
             values = col.to_numpy(zero_copy_only=False)
             if col.null_count:

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from streamtrain.schemas.config import JobConfig
@@ -109,6 +109,7 @@ _values = _records | _raw | st.sampled_from([b"[]", b"{", b"null", b'{"price": 1
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_values, min_size=1, max_size=10))
+@example([b'{"ctx": {"tags": ["a", null]}}'])  # a null among string ids: once an IndexError
 def test_chunks_decode_as_one_by_one_does(values) -> None:
     """pyarrow's reader and the vectorised checks decide speed only."""
     assert_chunk_decodes_as_one_by_one(section(defaults='{ "ctx.age" = 0 }'), FIELDS, values)
