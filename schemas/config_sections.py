@@ -183,10 +183,12 @@ class TrainSection:
             DLQ letters and metrics record in one Kafka transaction at its end (an attempt that
             dies leaves none); ``at_least_once`` produces them at once (a redone task can
             repeat them), for brokers without transactions.
-        push_every: push every n mini-batches, each still a step of the update rule, with
-            one pull of their rows at the start.
-        pull_every: pull the dense parameters at a push's start once m mini-batches have
-            trained since their last pull.
+        push_every: push every n mini-batches, each still a step of the update rule that
+            pulls its rows first. 2 by default: half the pushes cost the broker, the shards
+            and Redis a tenth of the job's CPU, and two trainers kept the AUC of pushes every
+            mini-batch; at 3 and 4 they lost up to 0.004 and 0.013 (bench/RESULTS.md).
+        pull_every: pull the dense parameters with a mini-batch's rows once m mini-batches
+            have trained since their last pull.
         max_in_flight: async only: how many of its own pushes a trainer may have sent and not
             yet seen published by every shard when it goes on to the next mini-batch; it waits
             for the shards otherwise, never for other trainers. 0 (the default): each
@@ -204,7 +206,7 @@ class TrainSection:
     sgd: str = "async"
     staleness: int = 0
     delivery: str = "exactly_once"
-    push_every: int = 1
+    push_every: int = 2
     pull_every: int = 1
     max_in_flight: int = 0
     learning_rate: float = 0.05

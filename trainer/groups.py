@@ -1,6 +1,6 @@
-"""Training one push group: pull its rows (and, every `train.pull_every` mini-batches, the
-dense blocks) in one round trip, step the model a mini-batch at a time, and leave the
-gradients in the push being built.
+"""Training one push group a mini-batch at a time: pull the mini-batch's rows (and, every
+`train.pull_every` mini-batches, the dense blocks) in one round trip, step the model, and
+leave the gradients in the push being built.
 
 The worker (worker.py) decides which task and which mini-batches; this module does the
 arithmetic between a pull and a push and touches no broker, etcd or task state.
@@ -16,7 +16,6 @@ import torch.nn.functional as F
 
 from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.observability import TrainerMetrics
-from streamtrain.jobstate.rows import distinct
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.trainer.features import Batch, pool
 from streamtrain.trainer.metrics import TaskMetrics
@@ -26,10 +25,10 @@ from streamtrain.trainer.params import DenseLayout, GradientBuffer, ParamSync, R
 
 def estimates_dense(config: JobConfig) -> bool:
     """Whether a step's dense change must be estimated: only if a later step may train before
-    the shards publish it. Not when every step is pulled after this trainer's pushes are
-    published (async with `max_in_flight` 0, or sync), where the estimate was 6% of the
-    trainer's CPU for nothing. (A wait for them that times out then trains without their
-    estimates.)"""
+    the shards publish it. Not when every step is pushed and pulled after this trainer's
+    pushes are published (async with `max_in_flight` 0, or sync, `push_every` and
+    `pull_every` 1), where the estimate was 6% of the trainer's CPU for nothing. (A wait for
+    them that times out then trains without their estimates.)"""
     train = config.train
     return not (train.push_every == 1 and train.pull_every == 1 and (
         train.sgd == "sync" or (train.sgd == "async" and train.max_in_flight == 0)))
@@ -57,44 +56,48 @@ class GroupTrainer:
         self.since_dense: int | None = None  # mini-batches since the dense blocks were pulled
 
     def train(self, batches: list[Batch], metrics: TaskMetrics) -> None:
-        """Train one push group, a mini-batch a step.
+        """Train one push group, a mini-batch a step, each on the parameters pulled just before it.
 
-        The rows of all its mini-batches and (every `train.pull_every` mini-batches) the dense
-        blocks are pulled when it begins, in one Redis transaction, after the wait for this
+        Every mini-batch pulls its rows and (every `train.pull_every` mini-batches) the dense
+        blocks in one Redis transaction. The group's first pull comes after the wait for this
         trainer's pushes in flight: it trains on parameters that miss at most
-        `train.max_in_flight` of its own pushes (none by default; their estimated changes
-        are added, trainer/own.py) and what the others have not published. Within the group each
-        step's estimated changes (`OwnRows`, `OwnPushes.block`) are added before the next step,
-        which trains as if the shards had applied it; the shards then apply the group's steps
-        in order. Rows are not pulled a step ahead: rows missing one more own push cost a deep
-        model up to 0.012 AUC (bench/RESULTS.md)."""
+        `train.max_in_flight` of its own pushes (none by default; their estimated changes are
+        added, trainer/own.py) and what the others have not published. A later mini-batch of
+        the group pulls again, so it trains on the other trainers' steps published meanwhile,
+        with this group's earlier steps added as estimated (`OwnRows`, `OwnPushes.block`):
+        the shards have not got them yet. The shards then apply the group's steps in order.
+        Pulled once for the whole group, the later mini-batches missed the others' steps of
+        that time: two trainers lost about 0.003 AUC at `push_every` 2 (bench/RESULTS.md).
+        Rows are not pulled a step ahead: rows missing one more own push cost a deep model up
+        to 0.012 AUC."""
+        layout = self.rows
+        last = len(batches) - 1
+        for k, batch in enumerate(batches):
+            unique, inverse = np.unique(batch.ids, return_inverse=True)
+            values, owners = self._pull(unique, metrics)
+            grads = self._step(batch, unique, inverse, values, owners, metrics)
+            if self.own_rows is not None and layout.width:
+                change = self.own_rows.step(unique, grads)  # every step: the state must see all
+                if k < last or self.rows_in_flight:  # a later pull may come before the shards have it
+                    self.own.rows(RowChange(layout.name, unique, change, owners))
+
+    def _pull(self, ids: np.ndarray, metrics: TaskMetrics) -> tuple[np.ndarray, np.ndarray | None]:
+        """The rows of sorted distinct `ids` (and each one's shard), and the dense blocks into
+        the model when `train.pull_every` mini-batches have trained since their last pull."""
         started = time.perf_counter()
         layout = self.rows
         dense = self.since_dense is None or self.since_dense >= self.pull_every
-        self.since_dense = len(batches) if dense else self.since_dense + len(batches)
-        per_batch = [np.unique(batch.ids, return_inverse=True) for batch in batches]
-        ids = per_batch[0][0] if len(batches) == 1 else distinct(np.concatenate([u for u, _ in per_batch]))
+        self.since_dense = 1 if dense else self.since_dense + 1
         # Each row's shard, hashed once: the pull needs the shards' versions, the push splits by them.
         owners = self.slot_map.shard_of_rows(layout.name, ids) if layout.width else None
         request = {layout.name: layout.width} if layout.width else {}
         shards = {layout.name: owners} if layout.width else {}
         tables = self.sync.load(self.sync.send(request, ids, shards, dense=dense).result(), self.own)
         values = tables.get(layout.name) if layout.width else np.zeros((len(ids), 0), np.float32)
-        if len(batches) > 1:
-            values = np.array(values)  # the group's own copy, stepped by its estimates
         pulled = time.perf_counter()
         metrics.pull_s += pulled - started
         self.obs.pull_seconds.observe(pulled - started)
-        for (unique, inverse), batch in zip(per_batch, batches):
-            at = None if len(batches) == 1 else np.searchsorted(ids, unique)
-            grads = self._step(batch, unique, inverse, values if at is None else values[at],
-                               owners if at is None or owners is None else owners[at], metrics)
-            if self.own_rows is not None and layout.width:
-                change = self.own_rows.step(unique, grads)  # every step: the state must see all
-                if at is not None:
-                    values[at] += change
-                if self.rows_in_flight:
-                    self.own.rows(RowChange(layout.name, unique, change, owners if at is None else owners[at]))
+        return values, owners
 
     def _step(self, batch: Batch, unique: np.ndarray, inverse: np.ndarray, values: np.ndarray,
               owners: np.ndarray | None, metrics: TaskMetrics) -> np.ndarray:

@@ -15,12 +15,14 @@ rule's state per block advanced by this trainer's gradients only, so Adam's mome
 same scale as the shard's. Rows are estimated the same way (`OwnRows`, a local state per row)
 when a later step may train before the shards publish a push: within a push group
 (`train.push_every` > 1) and after pushes left in flight (`train.max_in_flight` > 0); a pull's
-rows then get the changes of the pushes it misses, as its dense blocks do (`add_rows`). A
+rows then get the changes of the pushes it misses, as its dense blocks do (`add_rows`), and,
+within a push group, of the group's earlier steps, which no shard has yet. A
 fresh state per estimate would be wrong for the rows that matter most (for Adagrad it is `lr` a
 coordinate, far more than a row the shard has updated often takes: a logistic regression lost
 0.02 AUC to it); without row estimates a push or two in flight cost a deep model 0.008-0.013
-AUC, with them 0.002-0.005 (bench/RESULTS.md). By default a trainer still waits for its pushes
-to be published before its next pull (`train.max_in_flight` 0), which needs no estimate.
+AUC, with them 0.002-0.005 (bench/RESULTS.md). By default a trainer waits for its pushes to be
+published before the next push group's first pull (`train.max_in_flight` 0): only the steps
+of the group being made are estimated.
 """
 
 from __future__ import annotations
@@ -61,8 +63,8 @@ def clock_floor(now_s: float) -> int:
 
 
 class OwnPushes:
-    """This trainer's pushes the shards have not published, with their dense blocks' estimated
-    changes."""
+    """This trainer's pushes the shards have not published, and the one being made, with their
+    estimated changes."""
 
     def __init__(self, rule: UpdateRule, trainer_id: str, shards: int, limit: int = 256) -> None:
         self.rule = rule
@@ -136,33 +138,28 @@ class OwnPushes:
     def add_blocks(self, pulled: dict[Block, np.ndarray], applied: dict[int, dict[str, int]]
                    ) -> dict[Block, np.ndarray]:
         """The blocks a pull read with `applied` (absent: never trained, zero) with what the
-        pushes they miss change."""
+        pushes they miss and the push being made change."""
         out = dict(pulled)
         for push in self._pushes:
             for block, (change, shard) in push.blocks.items():
                 if self._pending(push, shard, applied):
-                    base = out.get(block)
-                    out[block] = change.copy() if base is None else base + change
+                    out[block] = _plus(out.get(block), change)
+        for block, (change, _) in self._building.items():  # not pushed yet: no pull has it
+            out[block] = _plus(out.get(block), change)
         return out
 
     def add_rows(self, table: str, ids: np.ndarray, values: np.ndarray, applied: dict[int, dict[str, int]]
                  ) -> np.ndarray:
         """`values`, the rows of `table` a pull read with `applied` for sorted distinct `ids`,
-        with what the pushes they miss change (in place; returned)."""
+        with what the pushes they miss and the push being made change (in place; returned)."""
         for push in self._pushes:
             if not push.rows:
                 continue
             pending = np.array([self._pending(push, shard, applied) for shard in range(self.shards)])
-            if not pending.any():
-                continue
-            for step in push.rows:
-                if step.table != table:
-                    continue
-                at = np.searchsorted(ids, step.ids)
-                hit = at < len(ids)
-                hit[hit] = ids[at[hit]] == step.ids[hit]
-                hit &= pending[step.shards]
-                values[at[hit]] += step.change[hit]
+            if pending.any():
+                _add_rows(table, ids, values, push.rows, pending)
+        if self._building_rows:  # not pushed yet: no pull has them
+            _add_rows(table, ids, values, self._building_rows, np.ones(self.shards, dtype=bool))
         return values
 
     @property
@@ -185,6 +182,23 @@ class OwnPushes:
         return [shard for shard, done in self._published.items() if done < target]
 
 
+def _plus(base: np.ndarray | None, change: np.ndarray) -> np.ndarray:
+    return change.copy() if base is None else base + change
+
+
+def _add_rows(table: str, ids: np.ndarray, values: np.ndarray, steps: list[RowChange], pending: np.ndarray) -> None:
+    """Adds to `values` (the rows of sorted distinct `ids`) the changes of `steps` to rows of
+    `table` on the shards `pending` marks."""
+    for step in steps:
+        if step.table != table:
+            continue
+        at = np.searchsorted(ids, step.ids)
+        hit = at < len(ids)
+        hit[hit] = ids[at[hit]] == step.ids[hit]
+        hit &= pending[step.shards]
+        values[at[hit]] += step.change[hit]
+
+
 class OwnRows:
     """Estimates of what this trainer's own steps change in its rows, for the later mini-batches
     of the same push (`train.push_every` > 1), which train before the shards have the push.
@@ -194,16 +208,33 @@ class OwnRows:
     blocks: Adam's moments and Adagrad's sums then have the scale of the shard's (a fresh
     state per step would give `lr` a coordinate, far more than Adagrad moves a row it has
     updated often). It costs a row of the model's width per state array, plus the row itself,
-    for every id this trainer has trained."""
+    for every id this trainer has trained, up to `max_bytes` of them: a table that outgrows them starts
+    again empty, as the replica does, so a stream of ever new ids cannot grow a trainer without
+    bound. The rows trained again after that are estimated from a fresh state for a while."""
 
-    def __init__(self, rule: UpdateRule, width: int) -> None:
+    def __init__(self, rule: UpdateRule, width: int, max_bytes: int = 256 << 20) -> None:
         self.rule = rule
+        self.width = width
+        # Rows whose values and rule state fit `max_bytes`, counted as the replica counts.
+        self.max_rows = max(1, max_bytes // (4 * max(width, 1) * (1 + len(rule.state_names))))
+        self.restarts = 0
+        self._table = self._empty()
+
+    def _empty(self) -> RowTable:
         # Values start at zero and hold the sum of the estimated changes; a rule that sets rows
         # absolutely (FTRL's w(z, n)) is read as the difference it makes.
-        self._table = RowTable("own", width, rule.state_names, init_scale=0.0)
+        return RowTable("own", self.width, self.rule.state_names, init_scale=0.0)
+
+    @property
+    def size(self) -> int:
+        """Rows held."""
+        return self._table.size
 
     def step(self, ids: np.ndarray, grads: np.ndarray) -> np.ndarray:
         """One step's gradients of distinct `ids`; returns its estimated change of each row."""
+        if self._table.size > self.max_rows:  # over by one step's new rows at most
+            self._table = self._empty()
+            self.restarts += 1
         rows = self._table.rows_for(ids)
         before = self._table.gather(rows)
         return self._table.update(rows, grads, self.rule) - before

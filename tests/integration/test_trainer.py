@@ -237,8 +237,8 @@ def dead_letters(services: Endpoints, job: str) -> list[DeadLetter]:
 def test_pushes_every_n_and_dense_pulls_every_m_mini_batches(services, etcd, redis_conn, topic_factory, unique,
                                                              tmp_path, monkeypatch) -> None:
     """The seeds' n and m at 3: a task's mini-batches go out in groups of three (the last one
-    shorter), each group one pull of all its rows, and with them the dense blocks once three
-    mini-batches have trained since their last pull; every mini-batch is a step of its own."""
+    shorter), every mini-batch a step of its own that pulls its rows, and with them the dense
+    blocks once three mini-batches have trained since their last pull."""
     train = MODEL.examples(6_000)
     topic = topic_factory("every", partitions=2)
     counts = write_examples(services, topic, [e.to_json() for e in train], 2)
@@ -268,14 +268,10 @@ def test_pushes_every_n_and_dense_pulls_every_m_mini_batches(services, etcd, red
             # A part per mini-batch: the shard steps each (a few hundred ids a batch reach both shards).
             assert [len(d.sparse) for d in seqs] == [min(3, task_batches - 3 * g) for g in range(len(seqs))], task_id
             groups += len(seqs)
-    # Counted by wrapping the real pull (a spy, not a mock): one pull a group, with the dense
-    # blocks when three mini-batches have trained since their last pull (a task's last group
-    # can be shorter).
-    assert len(pulls) == len(sizes) == groups and all(rows for rows, _ in pulls)
-    since = None
-    for (_, dense), size in zip(pulls, sizes):
-        assert dense == (since is None or since >= 3)
-        since = size if dense else since + size
+    # Counted by wrapping the real pull (a spy, not a mock): one pull a mini-batch, with the
+    # dense blocks when three mini-batches have trained since their last pull.
+    assert len(sizes) == groups and len(pulls) == sum(sizes) and all(rows for rows, _ in pulls)
+    assert [dense for _, dense in pulls] == [k % 3 == 0 for k in range(len(pulls))]
 
 
 def test_at_least_once_delivery_trains_without_transactions(services, etcd, redis_conn, topic_factory,

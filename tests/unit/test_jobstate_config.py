@@ -142,7 +142,7 @@ def test_minimal_job_file_takes_every_documented_default():
             "sgd": "async",
             "staleness": 0,
             "delivery": "exactly_once",
-            "push_every": 1,
+            "push_every": 2,
             "pull_every": 1,
             "max_in_flight": 0,
             "learning_rate": 0.05,

@@ -14,8 +14,10 @@ def config(**train) -> JobConfig:
 
 
 @pytest.mark.parametrize("train, dense, rows", [
-    ({}, False, False),  # async, nothing in flight: every step pulls after its pushes are published
-    ({"sgd": "sync"}, False, False),
+    ({}, True, False),  # the defaults: a group's second step trains before the shards have its first
+    ({"push_every": 1}, False, False),  # nothing in flight: every step pulls after its pushes are published
+    ({"sgd": "sync", "push_every": 1}, False, False),
+    ({"sgd": "sync"}, True, False),
     ({"max_in_flight": 2}, True, True),
     ({"push_every": 3}, True, False),  # within a group, steps train before the shards apply
     ({"pull_every": 2}, True, False),  # dense blocks a step behind

@@ -64,6 +64,24 @@ def test_a_pull_gets_the_row_changes_of_the_own_pushes_their_shard_had_not_publi
     assert own.add_rows("emb", ids, np.zeros((3, 1), np.float32), {0: {ME: 1}, 1: {ME: 1}}).sum() == 0
 
 
+def test_a_pull_within_a_push_group_gets_the_group_s_earlier_steps_whatever_the_shards_published() -> None:
+    """The later mini-batches of a push group pull again (trainer/groups.py): the steps before
+    them are not pushed yet, so no shard can have them, whatever `applied` says."""
+    own = pushes()
+    own.block(("fc", 0), np.ones(2, np.float32), 0)  # the group's first step, not pushed
+    own.rows(RowChange("emb", np.array([3, 9], dtype=np.uint64), np.array([[1.0], [4.0]], np.float32),
+                       np.array([0, 1])))
+    everything = {0: {ME: 99}, 1: {ME: 99}}
+    assert own.add_blocks({("fc", 0): np.ones(2, np.float32)}, everything)[("fc", 0)].tolist() == [0.5, 0.5]
+    ids = np.array([1, 3, 9], dtype=np.uint64)
+    assert own.add_rows("emb", ids, np.zeros((3, 1), np.float32), everything)[:, 0].tolist() == [0.0, 1.0, 4.0]
+    own.pushed(100, "task")  # pushed as step 100: missing only until the shards publish it
+    assert own.add_blocks({("fc", 0): np.ones(2, np.float32)}, everything)[("fc", 0)].tolist() == [0.5, 0.5]
+    published = {0: {ME: 100}, 1: {ME: 100}}
+    assert own.add_blocks({("fc", 0): np.ones(2, np.float32)}, published)[("fc", 0)].tolist() == [1.0, 1.0]
+    assert own.add_rows("emb", ids, np.zeros((3, 1), np.float32), published).sum() == 0
+
+
 def test_pushes_every_shard_published_are_dropped_and_a_restart_goes_on_after_them() -> None:
     own = pushes()
     for step in range(3):
@@ -307,3 +325,19 @@ def test_the_shards_lagging_are_those_that_have_not_published_the_newest_push_th
     assert own.lagging(2, 3, allowed=0) == [1]  # pushes up to 2 are not waited for
     own.published({1: {ME: 3}})
     assert own.lagging(-1, 3, allowed=0) == []
+
+
+def test_own_rows_start_again_empty_past_their_bytes() -> None:
+    """A stream of ever new ids must not grow a trainer without bound: past `max_bytes` of
+    values and state the estimates start again from a fresh state."""
+    own = OwnRows(make_rule("adam", lr=0.01), 2, max_bytes=4 * 2 * 3 * 10)  # 10 rows of Adam
+    assert own.max_rows == 10
+    ids, small = np.arange(6, dtype=np.uint64), np.full((6, 2), 0.1, np.float32)
+    first = own.step(ids, np.ones((6, 2), np.float32))
+    assert np.allclose(first, -0.01)  # Adam's first step: lr a coordinate
+    later = own.step(ids, small)
+    assert own.size == 6 and not np.allclose(later, -0.01)  # the state remembers the first
+    own.step(np.arange(6, 12, dtype=np.uint64), small)
+    assert own.size == 12 and own.restarts == 0  # over by one step's new rows at most
+    assert np.allclose(own.step(ids, small), -0.01)  # from a fresh state again
+    assert own.restarts == 1 and own.size == 6
