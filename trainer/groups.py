@@ -71,15 +71,15 @@ class GroupTrainer:
         Rows are not pulled a step ahead: rows missing one more own push cost a deep model up
         to 0.012 AUC."""
         layout = self.rows
-        last = len(batches) - 1
-        for k, batch in enumerate(batches):
+        for batch in batches:
             unique, inverse = np.unique(batch.ids, return_inverse=True)
             values, owners = self._pull(unique, metrics)
             grads = self._step(batch, unique, inverse, values, owners, metrics)
             if self.own_rows is not None and layout.width:
-                change = self.own_rows.step(unique, grads)  # every step: the state must see all
-                if k < last or self.rows_in_flight:  # a later pull may come before the shards have it
-                    self.own.rows(RowChange(layout.name, unique, change, owners))
+                # Every step, the last too: a wait for the push that times out leaves it
+                # pending, and a later pull must then add all of it, as it adds its dense blocks.
+                change = self.own_rows.step(unique, grads)
+                self.own.rows(RowChange(layout.name, unique, change, owners))
 
     def _pull(self, ids: np.ndarray, metrics: TaskMetrics) -> tuple[np.ndarray, np.ndarray | None]:
         """The rows of sorted distinct `ids` (and each one's shard), and the dense blocks into

@@ -146,6 +146,11 @@ class DenseLayout:
             changed.append(block)
         self._write(changed)
 
+    def forget_loaded(self) -> None:
+        """The next `load` writes every block again, even one pulled as the same bytes: the
+        values hold estimates (`add`) of steps that will never be pushed (a group given up)."""
+        self._loaded.clear()
+
     @torch.no_grad()
     def add(self, changes: dict[tuple[str, int], np.ndarray]) -> None:
         """Add `changes` to blocks of the parameters (a push's estimated effect, trainer/own.py)."""

@@ -138,7 +138,7 @@ def next_step(mode: str, step: int, steps: list[BarrierSteps], trainer_id: str, 
     sync: once every shard has released `step`. bounded: once every shard shows this trainer's
     own `step` and the slowest trainer is at most `staleness` steps behind it. Waiting for its
     own step is what keeps a trainer from training on rows that miss its own last pushes
-    (in these modes nothing estimates them, trainer/own.py): with four trainers allowed two own pushes
+    (only the steps of the push being made are estimated, trainer/own.py): with four trainers allowed two own pushes
     unseen, a WideDeep job fell 0.025-0.028 AUC behind one process (bench/RESULTS.md).
     """
     if mode == "sync":

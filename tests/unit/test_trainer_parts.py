@@ -374,6 +374,23 @@ def test_dense_blocks_load_as_the_initial_value_plus_what_the_shards_trained() -
     assert all(torch.equal(p, initial[name]) for name, p in model.named_parameters())
 
 
+def test_an_estimate_of_a_group_given_up_leaves_the_model_at_the_next_load() -> None:
+    """The same pulled bytes are not loaded twice, so an estimate added since (`add`) would
+    stay: a group given up (a task dropped) must be forgotten by the next load."""
+    model = WideDeep(ModelSpec(("a",), 2, 4))
+    layout = DenseLayout(model)
+    key = (layout.name, 0)
+    pulled = np.zeros(layout.blocks[0].stop, dtype=np.float32)
+    layout.load({key: pulled})
+    before = model.deep[0].weight.detach().clone()
+    layout.add({key: np.full_like(pulled, 0.25)})  # the estimate of a step never pushed
+    layout.load({key: pulled})
+    assert torch.allclose(model.deep[0].weight, before + 0.25)  # the same bytes: skipped
+    layout.forget_loaded()
+    layout.load({key: pulled})
+    assert torch.equal(model.deep[0].weight, before)
+
+
 def test_dense_blocks_span_parameters_end_to_end() -> None:
     model = WideDeep(ModelSpec(tuple("abcdefgh"), 4, 8))  # 68 -> 64 -> 32 -> 1: 6,529 values
     names = [name for name, _ in model.named_parameters()]
