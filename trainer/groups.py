@@ -52,7 +52,6 @@ class GroupTrainer:
         self.slot_map, self.device, self.obs = slot_map, device, obs
         self.pull_every = config.train.pull_every
         self.estimate_dense = estimates_dense(config)
-        self.rows_in_flight = rows_in_flight(config)
         self.since_dense: int | None = None  # mini-batches since the dense blocks were pulled
 
     def train(self, batches: list[Batch], metrics: TaskMetrics) -> None:

@@ -208,9 +208,10 @@ class OwnRows:
     blocks: Adam's moments and Adagrad's sums then have the scale of the shard's (a fresh
     state per step would give `lr` a coordinate, far more than Adagrad moves a row it has
     updated often). It costs a row of the model's width per state array, plus the row itself,
-    for every id this trainer has trained, up to `max_bytes` of them: a table that outgrows them starts
-    again empty, as the replica does, so a stream of ever new ids cannot grow a trainer without
-    bound. The rows trained again after that are estimated from a fresh state for a while."""
+    for every id this trainer has trained, up to `max_bytes` of them: a table that outgrows
+    them starts again empty, as the replica does, so a stream of ever new ids cannot grow a
+    trainer without bound. The rows trained again after that are estimated from a fresh state
+    for a while."""
 
     def __init__(self, rule: UpdateRule, width: int, max_bytes: int = 256 << 20) -> None:
         self.rule = rule
