@@ -11,7 +11,7 @@ trainer cuts mini-batches out of the result by slicing.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter, methodcaller
 
@@ -88,6 +88,8 @@ class Batch:
     fields: int
     offsets: np.ndarray  # (B + 1,) int64: example i's ids are ids[offsets[i]:offsets[i + 1]]
     event_time_ms: np.ndarray  # (B,) int64
+    # Known to hold one id per bag (a part of a batch that does), or None: not yet looked at.
+    single: bool | None = field(default=None, compare=False)
 
     @property
     def size(self) -> int:
@@ -95,17 +97,20 @@ class Batch:
 
     def one_id_per_bag(self) -> bool:
         """Whether every (example, field) holds exactly one id, as single-valued categorical
-        fields do: pooling is then a plain lookup (`pool` with no bags)."""
-        n = len(self.bags)
-        if n != self.size * self.fields:
-            return False
-        return n == 0 or (self.bags[0] == 0 and bool((np.diff(self.bags) == 1).all()))
+        fields do: pooling is then a plain lookup (`pool` with no bags). Looked at once per
+        decoded chunk: its mini-batches inherit the answer."""
+        if self.single is None:
+            n = len(self.bags)
+            single = n == self.size * self.fields and (
+                n == 0 or (self.bags[0] == 0 and bool((np.diff(self.bags) == 1).all())))
+            object.__setattr__(self, "single", single)
+        return self.single
 
     def slice(self, start: int, stop: int) -> Batch:
         lo, hi = int(self.offsets[start]), int(self.offsets[stop])
         return Batch(self.ids[lo:hi], self.bags[lo:hi] - start * self.fields, self.dense[start:stop],
                      self.labels[start:stop], self.fields, self.offsets[start:stop + 1] - lo,
-                     self.event_time_ms[start:stop])
+                     self.event_time_ms[start:stop], single=self.single or None)
 
     @staticmethod
     def concat(first: Batch, second: Batch) -> Batch:
@@ -113,7 +118,8 @@ class Batch:
                      np.concatenate([first.bags, second.bags + first.size * first.fields]),
                      np.concatenate([first.dense, second.dense]), np.concatenate([first.labels, second.labels]),
                      first.fields, np.concatenate([first.offsets, second.offsets[1:] + first.offsets[-1]]),
-                     np.concatenate([first.event_time_ms, second.event_time_ms]))
+                     np.concatenate([first.event_time_ms, second.event_time_ms]),
+                     single=(first.single and second.single) or None)
 
 
 class MiniBatches:
@@ -125,6 +131,7 @@ class MiniBatches:
         self._carry: Batch | None = None
 
     def feed(self, block: Batch) -> Iterator[Batch]:
+        block.one_id_per_bag()  # once for the chunk, not for each of its mini-batches
         if self._carry is not None:
             block, self._carry = Batch.concat(self._carry, block), None
         full = block.size - block.size % self.size

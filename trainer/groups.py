@@ -53,6 +53,7 @@ class GroupTrainer:
         self.pull_every = config.train.pull_every
         self.estimate_dense = estimates_dense(config)
         self.since_dense: int | None = None  # mini-batches since the dense blocks were pulled
+        self._params = list(model.parameters())  # `Module.zero_grad` walks the modules every step
 
     def train(self, batches: list[Batch], metrics: TaskMetrics) -> None:
         """Train one push group, a mini-batch a step, each on the parameters pulled just before it.
@@ -120,7 +121,8 @@ class GroupTrainer:
         grads = rows.grad.cpu().numpy() if layout.width else np.zeros((len(unique), 0), np.float32)
         dense = self.layout.gradients()
         self.buffer.add_step(layout.name if layout.width else None, unique, grads, owners, dense)
-        self.model.zero_grad(set_to_none=True)
+        for param in self._params:
+            param.grad = None
         if self.estimate_dense:  # the next step, pulled or not, sees this one's dense change
             self.layout.add({(param, block): self.own.block((param, block), grad, self.buffer.shard_of_block(param, block))
                              for param, block, grad in dense})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import struct
 
@@ -96,6 +97,18 @@ def test_bags_of_one_id_pool_as_a_plain_lookup() -> None:
     (grad_summed,) = torch.autograd.grad(summed.square().sum(), rows)
     (grad_looked_up,) = torch.autograd.grad(looked_up.square().sum(), rows)
     assert torch.equal(grad_summed, grad_looked_up)
+
+
+def test_mini_batches_inherit_one_id_per_bag_from_their_chunk_only_when_it_holds() -> None:
+    f = Featurizer(("user", "ad"), 2, 1 << 20)
+    single = [Example({"user": (i,), "ad": (i + 1,)}, (0.0, 0.0), 1.0, 0) for i in range(5)]
+    cut = MiniBatches(2)
+    batches = list(cut.feed(f.batch(single))) + list(cut.feed(f.batch(single)))
+    assert all(b.single and b.one_id_per_bag() for b in batches)
+    multi = single[:2] + [Example({"user": (1, 2)}, (0.0, 0.0), 0.0, 0)] + single[:1]
+    first, second = MiniBatches(2).feed(f.batch(multi))
+    assert first.single is None and first.one_id_per_bag()  # looked at for itself
+    assert not second.one_id_per_bag()
 
 
 def test_chunk_decoder_takes_what_one_by_one_takes_and_gives_the_same_reasons() -> None:
@@ -389,6 +402,25 @@ def test_an_estimate_of_a_group_given_up_leaves_the_model_at_the_next_load() -> 
     layout.forget_loaded()
     layout.load({key: pulled})
     assert torch.equal(model.deep[0].weight, before)
+
+
+def test_cpu_parameters_are_the_layouts_values_and_still_train() -> None:
+    """On the CPU the parameters are views of the layout's vector: what `load` and `add` write
+    is in the model with no copy, and gradients reach each parameter as before."""
+    model = WideDeep(ModelSpec(("a",), 2, 4))
+    reference = copy.deepcopy(model)
+    layout = DenseLayout(model)
+    key = (layout.name, 0)
+    change = np.linspace(-1, 1, layout.blocks[0].stop, dtype=np.float32)
+    layout.add({key: change})
+    with torch.no_grad():
+        torch.nn.utils.vector_to_parameters(torch.nn.utils.parameters_to_vector(reference.parameters())
+                                            + torch.from_numpy(change), reference.parameters())
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), reference.parameters()))
+    pooled, dense = {"deep": torch.randn(3, 1, 4), "wide": torch.randn(3, 1, 1)}, torch.randn(3, 2)
+    for m in (model, reference):
+        m(pooled, dense).sum().backward()
+    assert all(torch.allclose(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters()))
 
 
 def test_dense_blocks_span_parameters_end_to_end() -> None:
