@@ -93,6 +93,23 @@ class ParamClient:
         # Keys a pull names every time, made once.
         self._keys_of: dict[int, _ShardKeys] = {}
         self._dense_keys: dict[tuple[int, tuple[str, int]], bytes] = {}
+        # A connection per node kept between pulls: the pool's checkout checks each one for
+        # unread data and counts it, 2% of a trainer's main thread at a pull a mini-batch. One
+        # that went bad meanwhile (a restarted Redis) fails its pull, which is retried.
+        self._idle: dict[int, tuple[redis.ConnectionPool, redis.connection.AbstractConnection]] = {}
+
+    def _checkout(self, pool: redis.ConnectionPool):
+        kept = self._idle.pop(id(pool), None)
+        if kept is not None and kept[0] is pool:
+            return kept[1]
+        if kept is not None:  # a pool no longer in use under a reused id
+            kept[0].release(kept[1])
+        return pool.get_connection()
+
+    def _checkin(self, pool: redis.ConnectionPool, conn) -> None:
+        kept = self._idle.setdefault(id(pool), (pool, conn))
+        if kept[1] is not conn:
+            pool.release(conn)
 
     def _block_shard(self, block: tuple[str, int]) -> int:
         shard = self._block_shards.get(block)
@@ -184,20 +201,15 @@ class ParamClient:
 
     def _request(self, read: _ShardRead, rows: dict[str, tuple[np.ndarray, int]], blocks: list[tuple[str, int]],
                  rounds: dict[int, bytes], rounds_count: int) -> tuple[bytes, int]:
-        """One shard's transaction in RESP, and how many commands it queues. A row MGET's
-        keys go in the order `resp.mget` lays them out: `read.rows` then holds the ids'
-        positions in that order, the order of the replies."""
+        """One shard's transaction in RESP, and how many commands it queues."""
         shard = read.shard
         keys = self._shard_keys(shard)
         head = ([keys.version, keys.applied] if read.values else []) + ([keys.flushed] if read.rounds else [])
         packed = [b"*1\r\n$5\r\nMULTI\r\n", resp.command(b"MGET", *head)]
         if read.blocks:
             packed.append(resp.command(b"MGET", *[self._dense_key(shard, blocks[i]) for i in read.blocks]))
-        for k, (table, at) in enumerate(read.rows):
-            command, order = resp.mget(keys.row_prefix(table), rows[table][0][at])
-            packed.append(command)
-            if order is not None:
-                read.rows[k] = (table, order if isinstance(at, slice) else at.take(order))
+        for table, at in read.rows:
+            packed.append(resp.mget(keys.row_prefix(table), rows[table][0][at]))
         if read.rounds:
             packed.append(resp.command(b"XREAD", b"COUNT", b"%d" % rounds_count, b"STREAMS", keys.rounds,
                                        rounds[shard]))
@@ -297,8 +309,8 @@ class _ShardRead:
 
 class PendingPull:
     """A pull on the wire: its transactions written to the nodes holding its shards, the
-    replies read by `result`. A connection stays out of its pool until then, or `cancel`
-    (a half-read reply stream must never be reused).
+    replies read by `result`. A connection stays out of its pool until then (and is kept by
+    the client for its next pull), or `cancel` (a half-read reply stream must never be reused).
 
     A node that does not answer, or says a shard's keys moved, makes the pull raise
     ParamsUnavailableError after the cluster's slots are read again, so the caller's retry
@@ -314,7 +326,7 @@ class PendingPull:
         try:
             for node, shards in client.nodes.by_node([r.shard for r in reads]):
                 pool = node.connection_pool
-                conn = pool.get_connection()
+                conn = client._checkout(pool)
                 self._sent.append((pool, conn, []))
                 packed = []
                 for read in (r for r in reads if r.shard in shards):
@@ -343,7 +355,7 @@ class PendingPull:
             self._drop()
             raise self._unavailable(exc) from exc
         for pool, conn, _ in self._sent:
-            pool.release(conn)
+            self._client._checkin(pool, conn)
         self._sent = []
         return self._client._decode(self._rows, self._blocks, self._reads, [replies[r.shard] for r in self._reads])
 

@@ -1,8 +1,8 @@
 """Where each shard's keys live: the one Redis, or the node of a Redis Cluster that holds the
 shard's hash-tag slot (schemas.RedisKeys puts every key of a shard in one slot).
 
-Pulls and publishes write their commands straight onto a node's connection, laid out by
-numpy (jobstate/resp.py), so they need that node's client, not a cluster client that routes
+Pulls and publishes write their commands straight onto a node's connection, laid out in
+bulk (jobstate/resp.py), so they need that node's client, not a cluster client that routes
 command by command. A node that moved or died (MOVED, ASK, a failover, a refused connection)
 is found again with `forget`: the next `node` reads the cluster's slots afresh.
 """

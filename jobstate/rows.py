@@ -8,6 +8,8 @@ Python loop runs per row. Rows are created on first touch with values drawn from
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from streamtrain.jobstate.optimizers import UpdateRule, clock_of, in_place
@@ -78,13 +80,14 @@ class IdIndex:
         """Add ids known to be absent and distinct, mapping them to `rows`."""
         if len(ids) == 0:
             return
+        direct = ids < DIRECT_IDS
+        if direct.all():
+            self.size += len(ids)
+            self._direct[ids] = rows + 1
+            return
         if np.any(ids == np.uint64(2**64 - 1)):
             raise ValueError("row id 2**64 - 1 is reserved")
         self.size += len(ids)
-        direct = ids < DIRECT_IDS
-        if direct.all():
-            self._direct[ids] = rows + 1
-            return
         self._direct[ids[direct]] = rows[direct] + 1
         ids, rows = ids[~direct], rows[~direct]
         if (self._probed + len(ids)) * 2 > self.capacity:
@@ -129,12 +132,18 @@ def distinct(ids: np.ndarray) -> np.ndarray:
 
 
 def initial_rows(table: str, ids: np.ndarray, dim: int, scale: float) -> np.ndarray:
-    """Uniform in [-scale, scale), a pure function of (table, id, column)."""
-    counters = (np.asarray(ids, dtype=np.uint64) ^ name_salt(table))[:, None] * np.uint64(dim) \
-        + np.arange(dim, dtype=np.uint64)
-    bits = mix64(counters) >> np.uint64(40)  # 24 random bits: exact in float32
-    unit = bits.astype(np.float32) * np.float32(1.0 / (1 << 24))
-    return (unit * np.float32(2 * scale) - np.float32(scale)).astype(np.float32)
+    """Uniform in [-scale, scale), a pure function of (table, id, column): the top 24 bits
+    (exact in float32) of splitmix64 of `(id ^ salt(table)) * dim + column`, scaled in
+    float32 (one compiled pass, jobstate/kernels.py)."""
+    out = np.empty((len(ids), dim), dtype=np.float32)
+    _kernels().initial_rows(np.asarray(ids, dtype=np.uint64), name_salt(table), float(scale), out)
+    return out
+
+
+@functools.cache
+def _kernels():
+    from streamtrain.jobstate import kernels  # numba: imported at first use (docs/dependencies.md)
+    return kernels
 
 
 class RowTable:

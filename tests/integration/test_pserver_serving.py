@@ -53,6 +53,18 @@ def test_pull_returns_what_the_shards_published_with_their_versions(redis_conn, 
     assert set(blocks) == {("fc", 0)} and blocks[("fc", 0)].shape == (4,)
 
 
+def test_a_pull_whose_kept_connection_was_closed_is_retried_on_a_new_one(redis_conn, unique) -> None:
+    """A client keeps a connection between pulls; one the server closed meanwhile (a restarted
+    Redis) fails that pull alone, and the retry reads the same values."""
+    job, slot_map = unique("kept"), SlotMap.uniform(128, 1)
+    ids = np.arange(50, dtype=np.uint64)
+    assert Publisher(redis_conn, job, 0).publish_all(trained_shard(job, 0, slot_map, ids)) == 1
+    sync = ParamSync(ParamClient(redis_conn, job, slot_map), DenseLayout(torch.nn.Module()), wait_s=5)
+    before = sync.pull_rows("user", ids, 8)
+    redis_conn.client_kill_filter(_type="normal", skipme=True)  # the kept connection among them
+    assert np.array_equal(sync.pull_rows("user", ids, 8), before)
+
+
 def test_after_a_flush_pulls_are_refused_until_the_shard_republishes(redis_conn, unique) -> None:
     job, slot_map = unique("flush"), SlotMap.uniform(128, 1)
     state = trained_shard(job, 0, slot_map, np.arange(10, dtype=np.uint64))

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from streamtrain.jobstate.optimizers import make_rule
 from streamtrain.jobstate.rows import DIRECT_IDS, IdIndex, RowTable, distinct, initial_rows
+from streamtrain.jobstate.sharding import mix64, name_salt
 
 
 @settings(max_examples=50, deadline=None)
@@ -33,6 +34,21 @@ def test_index_grows_and_keeps_every_mapping() -> None:
     index.insert(ids, np.arange(len(ids)))
     assert index.capacity >= 2 * len(ids)
     assert np.array_equal(index.lookup(ids), np.arange(len(ids)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=40), st.integers(1, 12),
+       st.sampled_from([0.01, 0.1, 1e-4, 0.3333]), st.sampled_from(["user", "deep+wide", "x"]))
+def test_initial_rows_are_the_splitmix_formula_to_the_bit(ids: list[int], dim: int, scale: float, table: str) -> None:
+    """The compiled pass must give the bits of the formula it stands for: every process
+    creates an untrained row from it, and a shard's and a trainer's must agree."""
+    ids_a = np.array(ids, dtype=np.uint64)
+    counters = (ids_a ^ name_salt(table))[:, None] * np.uint64(dim) + np.arange(dim, dtype=np.uint64)
+    unit = (mix64(counters) >> np.uint64(40)).astype(np.float32) * np.float32(1.0 / (1 << 24))
+    expected = unit * np.float32(2 * scale) - np.float32(scale)
+    got = initial_rows(table, ids_a, dim, scale)
+    assert got.dtype == np.float32 and got.shape == (len(ids), dim)
+    assert np.array_equal(got.view(np.uint32), expected.astype(np.float32).view(np.uint32))
 
 
 def test_initial_rows_depend_only_on_table_and_id() -> None:
