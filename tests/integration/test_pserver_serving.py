@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+import redis
 import torch
 
 from streamtrain.jobstate.optimizers import Adagrad
@@ -55,14 +56,23 @@ def test_pull_returns_what_the_shards_published_with_their_versions(redis_conn, 
 
 def test_a_pull_whose_kept_connection_was_closed_is_retried_on_a_new_one(redis_conn, unique) -> None:
     """A client keeps a connection between pulls; one the server closed meanwhile (a restarted
-    Redis) fails that pull alone, and the retry reads the same values."""
+    Redis) fails that pull alone (ParamSync retries it), and the next reads the same values."""
     job, slot_map = unique("kept"), SlotMap.uniform(128, 1)
     ids = np.arange(50, dtype=np.uint64)
     assert Publisher(redis_conn, job, 0).publish_all(trained_shard(job, 0, slot_map, ids)) == 1
-    sync = ParamSync(ParamClient(redis_conn, job, slot_map), DenseLayout(torch.nn.Module()), wait_s=5)
-    before = sync.pull_rows("user", ids, 8)
-    redis_conn.client_kill_filter(_type="normal", skipme=True)  # the kept connection among them
-    assert np.array_equal(sync.pull_rows("user", ids, 8), before)
+    name = f"{job}-puller"
+    pool = redis_conn.connection_pool
+    puller = redis.Redis(connection_pool=redis.ConnectionPool(
+        connection_class=pool.connection_class, **pool.connection_kwargs | {"client_name": name}))
+    client = ParamClient(puller, job, slot_map)
+    before = client.pull_rows("user", ids, 8).values
+    kept = [c["id"] for c in redis_conn.client_list() if c["name"] == name]
+    assert len(kept) == 1  # the pull's connection, still open
+    redis_conn.client_kill_filter(_id=kept[0])  # only this client's: other tests' stay
+    with pytest.raises(ParamsUnavailableError):
+        client.pull_rows("user", ids, 8)
+    assert np.array_equal(client.pull_rows("user", ids, 8).values, before)  # as ParamSync retries
+    puller.close()
 
 
 def test_after_a_flush_pulls_are_refused_until_the_shard_republishes(redis_conn, unique) -> None:
