@@ -99,16 +99,19 @@ class ParamClient:
         self._idle: dict[int, tuple[redis.ConnectionPool, redis.connection.AbstractConnection]] = {}
 
     def _checkout(self, pool: redis.ConnectionPool):
-        kept = self._idle.pop(id(pool), None)
-        if kept is not None and kept[0] is pool:
-            return kept[1]
-        if kept is not None:  # a pool no longer in use under a reused id
-            kept[0].release(kept[1])
-        return pool.get_connection()
+        kept = self._idle.pop(id(pool), None)  # the pool is held there: its id is not reused
+        return pool.get_connection() if kept is None else kept[1]
 
     def _checkin(self, pool: redis.ConnectionPool, conn) -> None:
         kept = self._idle.setdefault(id(pool), (pool, conn))
         if kept[1] is not conn:
+            pool.release(conn)
+
+    def _forget_idle(self) -> None:
+        """A node moved or went away: the connections kept for its old pools go back."""
+        idle, self._idle = self._idle, {}
+        for pool, conn in idle.values():
+            conn.disconnect()
             pool.release(conn)
 
     def _block_shard(self, block: tuple[str, int]) -> int:
@@ -371,6 +374,7 @@ class PendingPull:
     def _unavailable(self, exc: BaseException) -> BaseException:
         if isinstance(exc, redis.RedisError) and moved(exc):
             self._client.nodes.forget()
+            self._client._forget_idle()
             return ParamsUnavailableError([r.shard for r in self._reads], retry_after=0.2)
         return exc
 
