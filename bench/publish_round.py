@@ -37,7 +37,7 @@ def rounds(rows: int, flush_every: int, seed: int = 0) -> list[Snapshot]:
         ids = np.unique(rng.integers(0, 4_194_304, rows)).astype(np.int64)
         changed = [("emb", ids, rng.random((len(ids), 8), dtype=np.float32)),
                    ("wide", ids, rng.random((len(ids), 1), dtype=np.float32))]
-        blocks = [(f"p{b}", 0, rng.random(4096 if b == 0 else 400, dtype=np.float32)) for b in range(7)]
+        blocks = [(f"p{b}", 0, rng.random(4096 if b == 0 else 400, dtype=np.float32), 1) for b in range(7)]
         flush = r % flush_every == 0
         made.append(Snapshot(changed, blocks, changed if flush else [], flush))
     return made

@@ -3,7 +3,9 @@ parameters, each computing its gradient on those parameters minus the updates it
 
     python -m bench.staleness [--records 400000] [--trainers 2] [--commit-every 16] [--lag 2]
                               [--own-visible | --own-lag K [--own-rows hidden|lr|table]]
-                              [--init model|small] [--sync]
+                              [--init model|small] [--sync] [--seed 0]
+                              [--stale all|dense|rows] [--damp none|dense|rows|both]
+                              [--dense-lr 1.0] [--dense-avg 1] [--beta1 0.9]
 
 No services: one process, the production workload of `bench.e2e` (8 fields, Zipf ids, an
 interaction, drift), a WideDeep-shaped model (sparse tables under SparseAdam, an MLP under
@@ -16,8 +18,15 @@ trainer/own.py estimates them: the dense change from Adam with this trainer's ow
 for rows (`--own-rows`) nothing (`hidden`, what the trainer does), or a fresh-state Adam step
 at t = 1 (`lr`: lr a coordinate) or at the table's step (`table`: about 3 lr). With `--sync`
 every update is seen at once (the sequential loop, the ceiling). `--init small` starts the
-dense layers at uniform +-0.01 instead of PyTorch's own initialisation. Prints JSON: the
-holdout AUC, the mean prediction and the observed CTR.
+dense layers at uniform +-0.01 instead of PyTorch's own initialisation. `--seed` seeds the
+initialisation.
+
+What staleness costs, and what might make it cost less: `--stale dense` (or `rows`) hides only
+the dense layers' (or only the rows') updates; `--damp` scales a step by 1 / (1 + the updates
+hidden from it), the pservers' `train.damp_stale` for the dense layers (pserver/state.py), per
+row for the rows; `--dense-lr` scales the dense layers' learning rate; `--dense-avg k` steps
+them once every k steps with the mean gradient (a batch k times larger); `--beta1` is Adam's
+for both optimizers. Prints JSON: the holdout AUC, the mean prediction and the observed CTR.
 
 Each update's change to the parameters is kept while some trainer cannot see it, and
 subtracted from the parameters that trainer computes on: exact for the rows of the batch and
@@ -41,6 +50,18 @@ BUCKETS = 1 << 20
 DIM = 8
 BATCH = 512
 LR = 0.01
+
+
+@dataclass(frozen=True)
+class Remedy:
+    """What is hidden and how each step is taken (see the module's docstring)."""
+
+    seed: int = 0
+    stale: str = "all"  # all, dense, rows
+    damp: str = "none"  # none, dense, rows, both
+    dense_lr: float = 1.0
+    dense_avg: int = 1
+    beta1: float = 0.9
 
 
 @dataclass(frozen=True)
@@ -102,12 +123,13 @@ def mlp(width: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(width, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 1))
 
 
-def simulate(records: int, holdout: int, visibility: Visibility, init: str, own_rows: str = "hidden") -> dict:
+def simulate(records: int, holdout: int, visibility: Visibility, init: str, own_rows: str = "hidden",
+             remedy: Remedy = Remedy()) -> dict:
     torch.set_num_threads(1)
     model = ClickModel(ClickModelConfig.production())
     train, test = model.columns(records), model.columns(holdout, start=records)
     fields = len(model.fields)
-    torch.manual_seed(0)
+    torch.manual_seed(remedy.seed)
     dense = mlp(fields * DIM + model.dense_features)
     if init == "small":
         with torch.no_grad():
@@ -115,8 +137,10 @@ def simulate(records: int, holdout: int, visibility: Visibility, init: str, own_
                 p.uniform_(-0.01, 0.01)
     first = nn.Parameter(torch.empty(BUCKETS, 1).uniform_(-0.01, 0.01))
     second = nn.Parameter(torch.empty(BUCKETS, DIM).uniform_(-0.01, 0.01))
-    dense_opt = torch.optim.Adam(dense.parameters(), lr=LR)
-    sparse_opt = torch.optim.SparseAdam([first, second], lr=LR)
+    betas = (remedy.beta1, 0.999)
+    dense_opt = torch.optim.Adam(dense.parameters(), lr=LR * remedy.dense_lr, betas=betas)
+    sparse_opt = torch.optim.SparseAdam([first, second], lr=LR, betas=betas)
+    summed = [torch.zeros_like(p) for p in dense.parameters()]  # gradients of --dense-avg steps
     view = mlp(fields * DIM + model.dense_features)  # the dense layers as one trainer sees them
     idx_all, x_all = hashed(model, train), torch.from_numpy(train.dense)
     y_all = torch.from_numpy(train.clicked.astype(np.float32))
@@ -141,10 +165,12 @@ def simulate(records: int, holdout: int, visibility: Visibility, init: str, own_
                 # own, its estimate.
                 mine_estimated = u.trainer == trainer and visibility.estimated
                 est_first, est_second, est_dense = u.estimate if mine_estimated else (None, None, None)
-                r1[hit] -= u.first[at_t] - (0 if est_first is None else est_first[at_t])
-                r2[hit] -= u.second[at_t] - (0 if est_second is None else est_second[at_t])
-                for i, (mine, change) in enumerate(zip(view.parameters(), u.dense)):
-                    mine -= change if est_dense is None else change - est_dense[i]
+                if remedy.stale != "dense":
+                    r1[hit] -= u.first[at_t] - (0 if est_first is None else est_first[at_t])
+                    r2[hit] -= u.second[at_t] - (0 if est_second is None else est_second[at_t])
+                if remedy.stale != "rows":
+                    for i, (mine, change) in enumerate(zip(view.parameters(), u.dense)):
+                        mine -= change if est_dense is None else change - est_dense[i]
         r1.requires_grad_(True)
         r2.requires_grad_(True)
         inv = torch.from_numpy(inverse.reshape(-1, fields).astype(np.int64))
@@ -154,10 +180,26 @@ def simulate(records: int, holdout: int, visibility: Visibility, init: str, own_
         before = first.data[rows_t].clone(), second.data[rows_t].clone(), [p.detach().clone() for p in dense.parameters()]
         first.grad = torch.sparse_coo_tensor(rows_t[None], r1.grad, first.shape)
         second.grad = torch.sparse_coo_tensor(rows_t[None], r2.grad, second.shape)
-        for shared, mine in zip(dense.parameters(), view.parameters()):
-            shared.grad = mine.grad.clone()
-        dense_opt.step()
+        for total, mine in zip(summed, view.parameters()):
+            total += mine.grad
+        if remedy.damp in ("dense", "both"):
+            for group in dense_opt.param_groups:
+                group["lr"] = LR * remedy.dense_lr / (1 + len(hidden))
+        if (step + 1) % remedy.dense_avg == 0:
+            for shared, total in zip(dense.parameters(), summed):
+                shared.grad = total / remedy.dense_avg
+                total.zero_()
+            dense_opt.step()
         sparse_opt.step()
+        if remedy.damp in ("rows", "both"):
+            with torch.no_grad():
+                missed = torch.zeros(len(rows))
+                for u in hidden:
+                    at = np.minimum(np.searchsorted(u.rows, rows), len(u.rows) - 1)
+                    missed += torch.from_numpy((u.rows[at] == rows).astype(np.float32))
+                share = (1 / (1 + missed))[:, None]
+                first.data[rows_t] = before[0] + (first.data[rows_t] - before[0]) * share
+                second.data[rows_t] = before[1] + (second.data[rows_t] - before[1]) * share
         with torch.no_grad():
             t = {"hidden": None, "lr": 1, "table": step + 1}[own_rows]
             estimate = (None if t is None else fresh_adam(r1.grad, t), None if t is None else fresh_adam(r2.grad, t),
@@ -186,9 +228,17 @@ def main() -> None:
     parser.add_argument("--own-rows", choices=["hidden", "lr", "table"], default="hidden",
                         help="the estimate of its own rows a trainer adds until they are visible")
     parser.add_argument("--init", choices=["model", "small"], default="model")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the initialisation")
+    parser.add_argument("--stale", choices=["all", "dense", "rows"], default="all", help="whose updates are hidden")
+    parser.add_argument("--damp", choices=["none", "dense", "rows", "both"], default="none",
+                        help="scale a step by 1 / (1 + the updates hidden from it)")
+    parser.add_argument("--dense-lr", type=float, default=1.0, help="scales the dense layers' learning rate")
+    parser.add_argument("--dense-avg", type=int, default=1, help="step the dense layers every k steps, mean gradient")
+    parser.add_argument("--beta1", type=float, default=0.9, help="Adam's beta1, both optimizers")
     args = parser.parse_args()
     visibility = Visibility(args.trainers, args.commit_every, args.lag, args.own_visible, args.sync, args.own_lag)
-    result = simulate(args.records, args.holdout, visibility, args.init, args.own_rows)
+    remedy = Remedy(args.seed, args.stale, args.damp, args.dense_lr, args.dense_avg, args.beta1)
+    result = simulate(args.records, args.holdout, visibility, args.init, args.own_rows, remedy)
     print(json.dumps({"settings": vars(args), **result}))
 
 

@@ -143,6 +143,9 @@ class _PserverFamilies:
         self.republished = Counter("streamtrain_pserver_republished",
                                    "Full republishes (start-up, Redis lost its data)", labels)
         self.checkpoints = Counter("streamtrain_pserver_checkpoints", "Checkpoints written", labels)
+        self.damped = Counter("streamtrain_pserver_dense_steps_damped",
+                              "Dense steps applied at less than the full step: computed on a block that had "
+                              "taken other steps since (train.damp_stale)", labels)
         self.publish = Histogram("streamtrain_pserver_publish_seconds",
                                  "Writing one batch of changed rows and blocks to Redis", labels,
                                  buckets=LATENCY_BUCKETS)
@@ -240,7 +243,7 @@ class TrainerMetrics:
 
 # Fields of `ShardStats` that are cumulative counts, named as the families' attributes.
 _STAT_COUNTERS = ("deltas", "rows", "dropped", "bad", "examples", "publishes", "rows_published",
-                  "republished", "checkpoints")
+                  "republished", "checkpoints", "damped")
 
 
 @dataclass

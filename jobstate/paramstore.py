@@ -71,6 +71,8 @@ class Pull:
     applied: dict[int, dict[str, int]]  # shard -> {trainer id: newest step its values include}
     rounds: dict[int, list[Round]]  # shard -> its rounds after the positions asked for, oldest first
     flushed: dict[int, FlushMark | None]  # shard -> its last flush, of the shards whose rounds were read
+    # block -> the steps of the update rule its values include (`ParamBlock.version`), of the blocks found
+    block_versions: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
 # A rounds-stream entry: its stream id, and the round (None: it did not decode).
@@ -89,7 +91,7 @@ class ParamClient:
         self._block_shards: dict[tuple[str, int], int] = {}  # a model's blocks, pulled again and again
         # The last value of each block pulled, by its bytes: a block changes only when its
         # shard applies a push, so most pulls return the bytes of the pull before.
-        self._block_values: dict[tuple[str, int], tuple[bytes, np.ndarray]] = {}
+        self._block_values: dict[tuple[str, int], tuple[bytes, np.ndarray, int]] = {}
         # Keys a pull names every time, made once.
         self._keys_of: dict[int, _ShardKeys] = {}
         self._dense_keys: dict[tuple[int, tuple[str, int]], bytes] = {}
@@ -239,6 +241,7 @@ class ParamClient:
         flushed: dict[int, FlushMark | None] = {}
         got_rounds: dict[int, list[Round]] = {}
         found: dict[tuple[str, int], np.ndarray] = {}
+        block_versions: dict[tuple[str, int], int] = {}
         values = {table: np.empty((len(ids), dim), dtype=np.float32) for table, (ids, dim) in rows.items()}
         present = {table: np.zeros(len(ids), dtype=bool) for table, (ids, _) in rows.items()}
         for read, reply in zip(reads, replies):
@@ -253,8 +256,10 @@ class ParamClient:
                         key = blocks[i]
                         last = self._block_values.get(key)
                         if last is None or last[0] != raw:
-                            last = self._block_values[key] = (raw, ParamBlock.from_bytes(raw).values)
+                            block = ParamBlock.from_bytes(raw)
+                            last = self._block_values[key] = (raw, block.values, block.version)
                         found[key] = last[1]
+                        block_versions[key] = last[2]
                 at += 1
             for table, where in read.rows:
                 got, ok = decode_rows(reply[at], rows[table][1])
@@ -271,7 +276,7 @@ class ParamClient:
             if len(missing):
                 np.put(row_view(values[table]), missing,
                        row_view(initial_rows(table, ids.take(missing), dim, self.init_scale)))
-        return Pull(values, found, versions, applied, got_rounds, flushed)
+        return Pull(values, found, versions, applied, got_rounds, flushed, block_versions)
 
     @staticmethod
     def _versions(shards: list[int], raw: list[bytes | None]) -> dict[int, int]:

@@ -75,7 +75,7 @@ class Snapshot:
     to Redis afterwards, so a shard can apply while the previous changes are on the wire."""
 
     rows: list[tuple[str, np.ndarray, np.ndarray]]  # the round's changed rows: table, ids, values (n, dim)
-    blocks: list[tuple[str, int, np.ndarray]]  # param, block, values
+    blocks: list[tuple[str, int, np.ndarray, int]]  # param, block, values, version (its steps)
     keys: list[tuple[str, np.ndarray, np.ndarray]] = ()  # rows to write to their keys (a flush)
     flush: bool = False  # the keys are every row changed since the last flush
 
@@ -135,7 +135,8 @@ class Publisher:
         """Copies of the changed rows and blocks (with the state not being written). `flush`:
         also of every row changed since the last flush, for their keys (None: if
         `flush_due`). `reset`: `changes` is everything; all of it goes to the keys."""
-        blocks = [(p, b, state.dense[(p, b)].values[0].copy()) for p, b in changes.blocks]
+        blocks = [(p, b, state.dense[(p, b)].values[0].copy(), int(state.dense[(p, b)].steps[0]))
+                  for p, b in changes.blocks]
         if reset:
             self._dirty, self._dirty_rows, self._flushed_at = {}, 0, time.monotonic()
             return Snapshot([], blocks, _gather(state, changes.rows), flush=True)
@@ -182,9 +183,9 @@ class Publisher:
         pool = self.node.connection_pool
         conn = pool.get_connection()
         try:
-            for param, block, values in snapshot.blocks:
+            for param, block, values, version in snapshot.blocks:
                 chunks.append(resp.command(b"SET", self._dense_key(param, block),
-                                           ParamBlock.of_wire_types(param, block, 0, values).to_bytes()))
+                                           ParamBlock.of_wire_types(param, block, version, values).to_bytes()))
                 queued += 1
             if applied is not None:
                 chunks.append(self._applied_command(applied))

@@ -89,7 +89,7 @@ def _common_marks(states: Mapping[int, ShardState]) -> dict[tuple[str, int], tup
 
 def _folded(state: ShardState, marks: dict[tuple[str, int], tuple[int, int]]) -> ShardState:
     """A state with no parameters, and `state`'s ledger and example counts folded to `marks`."""
-    out = ShardState(state.rule, state.init_scale)
+    out = ShardState(state.rule, state.init_scale, state.damp_stale)
     out.dedup = Dedup.from_json(state.dedup.to_json())
     out.dedup.dropped = 0  # duplicates each shard dropped: its own count, not the cut's
     out.examples.update(state.examples)

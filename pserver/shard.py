@@ -203,6 +203,7 @@ class PserverShard:
             checkpoints.latest = restored.manifest.checkpoint_id
             log.info("shard %d: loaded checkpoint %s, replaying %s from offset %d", index,
                      checkpoints.latest, grads.topic, resume)
+        self.state.damp_stale = config.train.damp_stale
         redis_conn = self._given_redis or redis_client(self.endpoints)
         publishing = BackgroundPublisher(Publisher(redis_conn, config.name, index), self.state,
                                          self.lock, self.options.publish_interval_s,
@@ -352,6 +353,7 @@ class PserverShard:
             publishes=publishing.publishes, republished=publishing.republished,
             rows_published=publishing.rows, checkpoints=checkpoints.count,
             dedup_entries=state.dedup.entries, fold_checks=self.fold_checks, examples=sum(by_partition.values()),
+            damped=state.damped,
             checkpoint=checkpoints.latest,
             barrier=BarrierStats(self.barrier.next_step, self.barrier.waiting, sorted(self.barrier.participants()))
             if self.barrier.sync else None,
@@ -399,6 +401,7 @@ class PserverShard:
         every gradient written so far skipped. Returns the offset the skipping ends at."""
         grads, publishing = self.parts.grads, self.parts.publishing
         end = grads.log_end()  # every gradient written before the rollback request is from before
+        state.damp_stale = self.state.damp_stale
         with publishing.round_lock, self.lock:
             publishing.unpublish_missing(self.state, state)
             self.state = publishing.state = state

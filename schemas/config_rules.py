@@ -91,6 +91,12 @@ def _positive(key: str, value: object) -> float:
     return number
 
 
+def _bool(key: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise JobConfigError(key, f"must be true or false, got {_show(value)}")
+    return value
+
+
 def _choice(key: str, value: object, choices: tuple[str, ...], ref: bool = False) -> str:
     if isinstance(value, str) and (value in choices or (ref and _REF.fullmatch(value))):
         return value

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from streamtrain.schemas.config_rules import (_JOB, _REGISTERED, _URI, _URL, CsvColumn, JobConfigError, _choice,
+from streamtrain.schemas.config_rules import (_JOB, _REGISTERED, _URI, _URL, CsvColumn, JobConfigError, _bool, _choice,
                                                _csv_columns, _fix, _int, _positive, _ref, _show, _topics)
 from streamtrain.schemas.fields import DeclaredFields, FieldsError, parse_fields
 
@@ -199,6 +199,10 @@ class TrainSection:
             blocks and rows it pulls (trainer/own.py). Unbounded, two trainers were up to 10
             pushes apart and 0.01 AUC behind one process (bench/RESULTS.md). Must be 0 when
             sync or bounded, which wait their own way.
+        damp_stale: a dense gradient computed on blocks that have since taken n steps of other
+            trainers moves them by 1 / (1 + n) of the update rule's step (pserver/state.py).
+            Four trainers at full steps were 0.013-0.029 AUC behind one process
+            (bench/RESULTS.md); one trainer's steps are never damped.
         learning_rate: the optimizer's step size, applied by the pservers.
         torch_threads: a trainer's intra-op threads for forward and backward; 0 = torch's
             default (one per core).
@@ -210,6 +214,7 @@ class TrainSection:
     push_every: int = 2
     pull_every: int = 1
     max_in_flight: int = 0
+    damp_stale: bool = True
     learning_rate: float = 0.05
     # One: at the built-in models' sizes, a second intra-op thread costs more in hand-offs than
     # it saves, and the trainer's own threads (reading, pulling, committing) need the cores.
@@ -222,6 +227,7 @@ class TrainSection:
         _choice("train.delivery", self.delivery, ("exactly_once", "at_least_once"))
         _int("train.push_every", self.push_every, 1)
         _int("train.pull_every", self.pull_every, 1)
+        _bool("train.damp_stale", self.damp_stale)
         _fix(self, learning_rate=_positive("train.learning_rate", self.learning_rate))
         # A setting that cannot take effect is refused like a typo: the user believes it works.
         if sgd == "bounded" and staleness < 1:

@@ -11,7 +11,7 @@ from ._binary import BytesLike, Reader, Writer, le
 from ._check import U32_MAX, U64_MAX, Check, nested, unchecked
 from .errors import SchemaError
 
-VERSION = 1
+VERSION = 2  # 2: a dense slice carries the block version it was computed at (`base`)
 MAGIC = b"SG"
 _check = Check("GradientDelta", VERSION)
 _slice_check = Check("DenseSlice", VERSION)
@@ -26,7 +26,7 @@ _F16_OVERFLOW = 65520.0
 # After magic and version: dtype code, shard, seq, step, examples, dense and sparse entry
 # counts, task_id and trainer_id byte lengths.
 _HEADER = le("BIQQQIIHH")
-_DENSE = le("BIQI")  # param name length, block, offset, value count
+_DENSE = le("BIQIQ")  # param name length, block, offset, value count, base
 # Arrays start on 8-byte boundaries so the decoder's frombuffer views are aligned.
 _ALIGN = 8
 
@@ -34,6 +34,11 @@ _ALIGN = 8
 @dataclass(frozen=True, eq=False)
 class DenseSlice:
     """Gradient for ``values.size`` consecutive elements of one dense block, from ``offset``.
+
+    ``base`` is the block's version the gradient was computed at: how many steps of the update
+    rule the values it trained on include (`ParamBlock.version` as pulled, plus the trainer's
+    own steps it added as estimated). A shard damps a gradient by the steps applied since
+    (pserver/state.py `staleness_damping`).
 
     ``values`` is kept as C-contiguous float32 (converted only if it is not already); it is
     not copied, so do not mutate it after construction.
@@ -43,6 +48,7 @@ class DenseSlice:
     block: int
     offset: int
     values: np.ndarray
+    base: int = 0
 
     def __post_init__(self) -> None:
         _slice_check.name("param", self.param)
@@ -52,21 +58,22 @@ class DenseSlice:
         if values.size > U32_MAX:
             raise _slice_check.error("values", f"{values.size} values, at most {U32_MAX} per slice")
         object.__setattr__(self, "values", values)
+        object.__setattr__(self, "base", _slice_check.integer("base", self.base, hi=U64_MAX))
 
     @classmethod
-    def of_wire_types(cls, param: str, block: int, offset: int, values: np.ndarray) -> DenseSlice:
+    def of_wire_types(cls, param: str, block: int, offset: int, values: np.ndarray, base: int = 0) -> DenseSlice:
         """From fields that have the wire's types already (`GradientDelta.from_bytes` read
         them, or a trainer made them): a name of at most 255 bytes, integers in range,
         `values` a 1-D C-contiguous float32 array. Checks only that the name is not empty
         and the values finite: a shard decodes, and a trainer builds, several slices a push,
         and the full checks were half of decoding."""
         _slice_check.named_values("param", param, values)
-        return unchecked(cls, param=param, block=block, offset=offset, values=values)
+        return unchecked(cls, param=param, block=block, offset=offset, values=values, base=base)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, DenseSlice):
             return NotImplemented
-        head = (self.param, self.block, self.offset) == (other.param, other.block, other.offset)
+        head = (self.param, self.block, self.offset, self.base) == (other.param, other.block, other.offset, other.base)
         return head and bool(np.array_equal(self.values, other.values))
 
 
@@ -167,7 +174,7 @@ class GradientDelta:
         w.add(trainer_id)
         for part in self.dense:
             param = part.param.encode("utf-8")
-            w.pack(_DENSE, len(param), part.block, part.offset, part.values.size)
+            w.pack(_DENSE, len(param), part.block, part.offset, part.values.size, part.base)
             w.add(param)
             w.align(_ALIGN)
             w.array(part.values, wire)
@@ -192,12 +199,12 @@ class GradientDelta:
         dense = []
         for i in range(n_dense):
             at = f"dense[{i}]"
-            name_len, block, offset, count = r.unpack(_DENSE, at)
+            name_len, block, offset, count, base = r.unpack(_DENSE, at)
             param = r.text(name_len, f"{at}.param")
             r.align(_ALIGN, f"{at}.padding")
             values = _widen(r.array(wire, count, f"{at}.values"))
             try:
-                dense.append(DenseSlice.of_wire_types(param, block, offset, values))
+                dense.append(DenseSlice.of_wire_types(param, block, offset, values, base))
             except SchemaError as err:
                 raise nested(err, _check, at) from err
         sparse = []

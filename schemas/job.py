@@ -154,7 +154,7 @@ class BarrierStats:
 
 
 _COUNTS = ("version", "offset", "deltas", "rows", "dropped", "bad", "publishes", "republished", "rows_published",
-           "checkpoints", "dedup_entries", "fold_checks", "examples")
+           "checkpoints", "dedup_entries", "fold_checks", "examples", "damped")
 
 
 @dataclass(frozen=True)
@@ -185,6 +185,7 @@ class ShardStats:
     dedup_entries: int = 0
     fold_checks: int = 0
     examples: int = 0
+    damped: int = 0
     settled: bool = False
     checkpoint: str | None = None
     barrier: BarrierStats | None = None

@@ -120,7 +120,7 @@ class GroupTrainer:
         metrics.observe(batch.labels, scores, float(loss.item()) * batch.size)
         grads = rows.grad.cpu().numpy() if layout.width else np.zeros((len(unique), 0), np.float32)
         dense = self.layout.gradients()
-        self.buffer.add_step(layout.name if layout.width else None, unique, grads, owners, dense)
+        self.buffer.add_step(layout.name if layout.width else None, unique, grads, owners, dense, self.layout.bases)
         for param in self._params:
             param.grad = None
         if self.estimate_dense:  # the next step, pulled or not, sees this one's dense change

@@ -51,7 +51,7 @@ class RowChange:
 class _Push:
     step: int
     task_id: str
-    blocks: dict[Block, tuple[np.ndarray, int]] = field(default_factory=dict)  # block -> change, shard
+    blocks: dict[Block, tuple[np.ndarray, int, int]] = field(default_factory=dict)  # block -> change, shard, steps
     rows: list[RowChange] = field(default_factory=list)
 
 
@@ -72,7 +72,7 @@ class OwnPushes:
         self.shards = shards
         self.limit = limit  # pushes kept at most: shards that stop publishing must not grow it
         self._pushes: list[_Push] = []
-        self._building: dict[Block, tuple[np.ndarray, int]] = {}
+        self._building: dict[Block, tuple[np.ndarray, int, int]] = {}
         self._building_rows: list[RowChange] = []
         # shard -> newest own step its values include; every shard, so that a pull that read
         # only some of them never counts a push as published by the others
@@ -94,7 +94,7 @@ class OwnPushes:
         steps += 1
         change = change.reshape(-1)
         before = self._building.get(block)
-        self._building[block] = (change if before is None else before[0] + change, shard)
+        self._building[block] = (change, shard, 1) if before is None else (before[0] + change, shard, before[2] + 1)
         return change
 
     def rows(self, change: RowChange) -> None:
@@ -141,11 +141,24 @@ class OwnPushes:
         pushes they miss and the push being made change."""
         out = dict(pulled)
         for push in self._pushes:
-            for block, (change, shard) in push.blocks.items():
+            for block, (change, shard, _) in push.blocks.items():
                 if self._pending(push, shard, applied):
                     out[block] = _plus(out.get(block), change)
-        for block, (change, _) in self._building.items():  # not pushed yet: no pull has it
+        for block, (change, _, _) in self._building.items():  # not pushed yet: no pull has it
             out[block] = _plus(out.get(block), change)
+        return out
+
+    def steps_added(self, applied: dict[int, dict[str, int]]) -> dict[Block, int]:
+        """How many of this trainer's steps `add_blocks` adds to each block a pull read with
+        `applied`: what a gradient computed on the sum counts as seen besides the block's
+        version (`DenseSlice.base`)."""
+        out: dict[Block, int] = {}
+        for push in self._pushes:
+            for block, (_, shard, steps) in push.blocks.items():
+                if self._pending(push, shard, applied):
+                    out[block] = out.get(block, 0) + steps
+        for block, (_, _, steps) in self._building.items():
+            out[block] = out.get(block, 0) + steps
         return out
 
     def add_rows(self, table: str, ids: np.ndarray, values: np.ndarray, applied: dict[int, dict[str, int]]

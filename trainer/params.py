@@ -17,7 +17,7 @@ import hashlib
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -123,6 +123,9 @@ class DenseLayout:
                        for b in self.blocks}
         self._values = self._initial.copy()  # what the parameters hold
         self._loaded: dict[tuple[str, int], np.ndarray | None] = {}  # the array each block was last loaded from
+        # The steps of the update rule each block's values include, read or estimated: what a
+        # gradient computed on them was computed at (`DenseSlice.base`).
+        self.bases: dict[tuple[str, int], int] = {}
         # Parameters on the CPU become views of `_values`: a load or an estimate written there
         # is in the model at once, with no copy into each parameter (two copies a step were
         # 2% of a trainer's main thread). Others (a GPU's) are copied into by `_write`.
@@ -137,12 +140,14 @@ class DenseLayout:
         return self._initial[block.start:block.stop]
 
     @torch.no_grad()
-    def load(self, values: dict[tuple[str, int], np.ndarray]) -> None:
+    def load(self, values: dict[tuple[str, int], np.ndarray], bases: dict[tuple[str, int], int] | None = None) -> None:
         """Pulled blocks (what training added) onto their initial values, into the parameters;
-        blocks not pulled get their initial value."""
+        blocks not pulled get their initial value. `bases`: the steps each block's values
+        include (none: 0)."""
         changed = []
         for block in self.blocks:
             key = (block.param, block.block)
+            self.bases[key] = bases.get(key, 0) if bases else 0
             found = values.get(key)
             if found is not None and self._loaded.get(key) is found:
                 continue  # the same (read-only) array as last time: ParamClient pulled the same bytes
@@ -155,19 +160,19 @@ class DenseLayout:
             changed.append(block)
         self._write(changed)
 
-    def forget_loaded(self) -> None:
-        """The next `load` writes every block again, even one pulled as the same bytes: the
-        values hold estimates (`add`) of steps that will never be pushed (a group given up)."""
-        self._loaded.clear()
-
     @torch.no_grad()
     def add(self, changes: dict[tuple[str, int], np.ndarray]) -> None:
-        """Add `changes` to blocks of the parameters (a push's estimated effect, trainer/own.py)."""
+        """Add `changes` to blocks of the parameters (a step's estimated effect, trainer/own.py)."""
         changed = []
         for block in self.blocks:
-            change = changes.get((block.param, block.block))
+            key = (block.param, block.block)
+            change = changes.get(key)
             if change is not None:
                 self._values[block.start:block.stop] += change
+                self.bases[key] = self.bases.get(key, 0) + 1
+                # The values hold an estimate now: the next load writes the block even from the
+                # same bytes (a group given up leaves the estimates of steps never pushed).
+                self._loaded.pop(key, None)
                 changed.append(block)
         self._write(changed)
 
@@ -197,6 +202,7 @@ class Fetched:
     rows: dict[str, np.ndarray]  # table -> (ids, dim) values
     blocks: dict[tuple[str, int], np.ndarray] | None  # None: dense not fetched this time
     applied: dict[int, dict[str, int]]  # shard -> {trainer id: newest step the values include}
+    block_versions: dict[tuple[str, int], int] = field(default_factory=dict)  # of the blocks fetched
 
 
 class ParamSync:
@@ -241,15 +247,18 @@ class ParamSync:
     def pull_dense(self) -> None:
         keys = [(b.param, b.block) for b in self.layout.blocks]
         if keys:
-            found, _ = self._retrying(lambda: self.client.pull_blocks(keys))
-            self.layout.load(found)
+            pull = self._retrying(lambda: self.client.pull({}, keys))
+            self.layout.load(pull.blocks, pull.block_versions)
 
     def load(self, fetched: Fetched, own: OwnPushes) -> dict[str, np.ndarray]:
         """Dense blocks into the model (when fetched); returns the rows. Both with what
         `own` pushes not yet published change."""
         own.published(fetched.applied)
         if fetched.blocks is not None:
-            self.layout.load(own.add_blocks(fetched.blocks, fetched.applied))
+            added = own.steps_added(fetched.applied)
+            bases = {key: fetched.block_versions.get(key, 0) + added.get(key, 0)
+                     for key in fetched.block_versions.keys() | added.keys()}
+            self.layout.load(own.add_blocks(fetched.blocks, fetched.applied), bases)
         return {table: own.add_rows(table, fetched.ids, values, fetched.applied)
                 for table, values in fetched.rows.items()}
 
@@ -295,7 +304,7 @@ class PendingFetch:
         except ParamsUnavailableError:
             pull = self._sync._retrying(lambda: self._send().result())
         rows = pull.rows if self._cold is None else self._from_replica(pull)
-        return Fetched(self._ids, rows, pull.blocks if self._dense else None, pull.applied)
+        return Fetched(self._ids, rows, pull.blocks if self._dense else None, pull.applied, pull.block_versions)
 
     def _from_replica(self, pull: Pull) -> dict[str, np.ndarray]:
         """The rounds read go into the replica first, then the rows read from keys that no
@@ -347,10 +356,11 @@ class GradientBuffer:
         self._dense.clear()
 
     def add_step(self, table: str | None, ids: np.ndarray, grads: np.ndarray, shards: np.ndarray | None,
-                 dense: list[tuple[str, int, np.ndarray]]) -> None:
+                 dense: list[tuple[str, int, np.ndarray]], bases: dict[tuple[str, int], int] | None = None) -> None:
         """One step's gradients: of distinct row `ids` of `table` (None: the model has no rows;
         `shards`, each id's owner, if the caller knows them: the pull that fetched the rows
-        did) and of dense blocks (`DenseLayout.gradients`)."""
+        did) and of dense blocks (`DenseLayout.gradients`), computed at `bases`
+        (`DenseLayout.bases`; none: 0)."""
         # Arrays of the wire's types already (the model's names are checked where they are
         # made), so each piece is checked only for finite values: the full checks were half
         # the cost of a step's gradients here.
@@ -361,7 +371,8 @@ class GradientBuffer:
                 self._sparse[shard].append(SparseRows.of_wire_types(table, s_ids, s_grads))
         for param, block, values in dense:
             values = np.ascontiguousarray(values, dtype=np.float32)
-            self._dense[self.shard_of_block(param, block)].append(DenseSlice.of_wire_types(param, block, 0, values))
+            base = bases.get((param, block), 0) if bases else 0
+            self._dense[self.shard_of_block(param, block)].append(DenseSlice.of_wire_types(param, block, 0, values, base))
 
     def deltas(self, task_id: str, seq: int, trainer_id: str, step: int, examples: int) -> list[GradientDelta]:
         """One delta per shard, empty ones included: every shard counts every group's

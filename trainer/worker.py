@@ -212,7 +212,6 @@ class Trainer:
         parts.delivery.discard()
         parts.committer.drop(run.task.task_id)
         parts.sharded.own.forget(run.task.task_id)
-        parts.layout.forget_loaded()  # the model may hold estimates of the group given up
         feed.abandon(run.fed)
         if end.ending == "released":
             self._quietly(lambda t=run.task, b=end.behind: parts.tasks.release(t, behind=b))

@@ -256,9 +256,18 @@ def test_pushes_every_n_and_dense_pulls_every_m_mini_batches(services, etcd, red
     groups = 0
     for shard in range(2):
         by_task: dict[str, dict[int, GradientDelta]] = {}
+        steps: dict[tuple[str, int], int] = {}  # each dense block's steps, as the shard applies them
         for value in committed(services, Topics(config.name).grad(shard)):
             delta = GradientDelta.from_bytes(value)
             by_task.setdefault(delta.task_id, {}).setdefault(delta.seq, delta)
+            for piece in delta.dense:
+                # A trainer alone computes every dense step at the version the shard applies it
+                # to: pulled after its last push was published, plus the group's earlier steps
+                # estimated. A base below would damp its steps as if another trainer had moved
+                # the block (pserver/state.py).
+                key = (piece.param, piece.block)
+                assert piece.base == steps.get(key, 0), (key, piece.base, steps.get(key, 0))
+                steps[key] = steps.get(key, 0) + 1
         groups = 0
         for task_id, deltas in by_task.items():
             seqs = [deltas[seq] for seq in sorted(deltas)]
@@ -272,6 +281,7 @@ def test_pushes_every_n_and_dense_pulls_every_m_mini_batches(services, etcd, red
     # dense blocks when three mini-batches have trained since their last pull.
     assert len(sizes) == groups and len(pulls) == sum(sizes) and all(rows for rows, _ in pulls)
     assert [dense for _, dense in pulls] == [k % 3 == 0 for k in range(len(pulls))]
+    assert [s.get("damped") for s in shard_stats(redis_conn, config.name)] == [0, 0]
 
 
 def test_at_least_once_delivery_trains_without_transactions(services, etcd, redis_conn, topic_factory,

@@ -145,6 +145,7 @@ def test_minimal_job_file_takes_every_documented_default():
             "push_every": 2,
             "pull_every": 1,
             "max_in_flight": 0,
+            "damp_stale": True,
             "learning_rate": 0.05,
             "torch_threads": 1,
         },
@@ -297,6 +298,7 @@ BAD_VALUES = [
     ("train", "pull_every", 0, "train.pull_every", "integer >= 1"),
     ("train", "max_in_flight", -1, "train.max_in_flight", "integer in 0..255"),
     ("train", "max_in_flight", 256, "train.max_in_flight", "integer in 0..255"),
+    ("train", "damp_stale", 1, "train.damp_stale", "true or false"),
     ("train", "learning_rate", 0, "train.learning_rate", "number > 0"),
     ("train", "learning_rate", -0.1, "train.learning_rate", "number > 0"),
     ("pservers", "count", 0, "pservers.count", "integer in 1..1024, got 0"),
@@ -619,6 +621,7 @@ def job_files(draw):
     if delivery is not None:
         train["delivery"] = delivery
     maybe(train, "max_in_flight", st.integers(0, 100) if sgd in ("async", None) else st.just(0))
+    maybe(train, "damp_stale", st.booleans())
     maybe(train, "push_every", st.integers(1, 100))
     maybe(train, "pull_every", st.integers(1, 100))
     maybe(train, "learning_rate", positive)

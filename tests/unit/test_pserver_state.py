@@ -9,7 +9,7 @@ import torch
 
 from streamtrain.jobstate.optimizers import Adagrad, Adam
 from streamtrain.jobstate.rows import initial_rows
-from streamtrain.pserver.state import BadDeltaError, ShardState, newest
+from streamtrain.pserver.state import BadDeltaError, ShardState, newest, staleness_damping
 from streamtrain.schemas import DenseSlice, GradientDelta, SparseRows, TaskRecord
 
 
@@ -143,3 +143,45 @@ def test_newest_keeps_the_last_value_each_id_was_given() -> None:
                           np.array([3], dtype=np.uint64)],
                          [np.array([[30.0], [50.0]]), np.array([[10.0], [51.0]]), np.array([[31.0]])])
     assert ids.tolist() == [1, 3, 5] and values[:, 0].tolist() == [10.0, 31.0, 51.0]
+
+
+@pytest.mark.parametrize(("steps", "base", "share"), [(0, 0, 1.0), (5, 5, 1.0), (5, 2, 0.25), (3, 9, 1.0)])
+def test_staleness_damping_is_one_over_one_plus_the_steps_not_seen(steps, base, share) -> None:
+    assert staleness_damping(steps, base) == share
+
+
+def dense_delta(seq: int, trainer: str, grad: np.ndarray, base: int) -> GradientDelta:
+    return GradientDelta(task_id=TaskRecord.make_id("clicks", 0, 0), seq=seq, trainer_id=trainer, shard=0, step=seq,
+                         examples=1, dense=(DenseSlice("fc", 0, 0, grad, base=base),))
+
+
+def test_a_dense_gradient_that_missed_steps_takes_that_share_of_the_rules_step() -> None:
+    """Two trainers computed on the block at version 0; the second's gradient arrives after the
+    first's step: it moves the block by half of Adam's step, and Adam's state moves on in
+    full (the same moments and clock as undamped)."""
+    rng = np.random.default_rng(11)
+    first, second = (rng.standard_normal(3).astype(np.float32) for _ in range(2))
+    damped, full = ShardState(Adam(lr=0.01)), ShardState(Adam(lr=0.01), damp_stale=False)
+    for state in (damped, full):
+        state.apply(dense_delta(0, "a", first, base=0))
+    after_first = damped.dense[("fc", 0)].values.copy()
+    np.testing.assert_array_equal(after_first, full.dense[("fc", 0)].values)
+    for state in (damped, full):
+        state.apply(dense_delta(1, "b", second, base=0))
+    full_step = full.dense[("fc", 0)].values - after_first
+    np.testing.assert_allclose(damped.dense[("fc", 0)].values - after_first, full_step / 2, rtol=1e-5)
+    for name in Adam.state_names:
+        np.testing.assert_array_equal(damped.dense[("fc", 0)].state[name], full.dense[("fc", 0)].state[name])
+    assert damped.dense[("fc", 0)].steps[0] == 2
+
+
+def test_one_trainers_steps_at_their_bases_are_never_damped() -> None:
+    """A trainer alone, its gradients computed on every step before them (the bases its
+    pulls and estimates give), trains exactly as the rule does."""
+    rng = np.random.default_rng(12)
+    grads = [rng.standard_normal(3).astype(np.float32) for _ in range(4)]
+    damped, full = ShardState(Adam(lr=0.01)), ShardState(Adam(lr=0.01), damp_stale=False)
+    for seq, grad in enumerate(grads):
+        damped.apply(dense_delta(seq, "a", grad, base=seq))
+        full.apply(dense_delta(seq, "a", grad, base=0))
+    np.testing.assert_array_equal(damped.dense[("fc", 0)].values, full.dense[("fc", 0)].values)

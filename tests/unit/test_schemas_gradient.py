@@ -66,7 +66,7 @@ def small(dtype="float32", marker=1234.0) -> GradientDelta:
         step=9,
         examples=64,
         dtype=dtype,
-        dense=(DenseSlice("fc.weight", 3, 16, np.array([0.5, marker], dtype=np.float32)),),
+        dense=(DenseSlice("fc.weight", 3, 16, np.array([0.5, marker], dtype=np.float32), base=41),),
         sparse=(SparseRows("emb", np.array([5, 9], dtype=np.uint64), np.array([[1.0, 2.0], [3.0, marker]], dtype=np.float32)),),
     )
 
@@ -149,8 +149,8 @@ def test_deltas_compare_arrays_by_value_and_are_picklable():
 
 
 def test_binary_form_starts_with_magic_version_and_dtype():
-    assert small().to_bytes()[:4] == b"SG\x01\x01"
-    assert small("float16").to_bytes()[:4] == b"SG\x01\x02"
+    assert small().to_bytes()[:4] == b"SG\x02\x01"
+    assert small("float16").to_bytes()[:4] == b"SG\x02\x02"
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -176,9 +176,9 @@ def test_truncation_inside_the_sparse_values_names_them():
 
 def test_unknown_version_raises_schema_error():
     data = bytearray(small().to_bytes())
-    data[2] = 2
+    data[2] = 1  # the format before dense slices carried their base
     err = raises_naming("version", GradientDelta.from_bytes, bytes(data))
-    assert "unknown version 2" in str(err)
+    assert "unknown version 1" in str(err)
 
 
 def test_wrong_magic_raises_schema_error():
@@ -264,6 +264,7 @@ def test_fields_the_wire_format_does_not_bound_are_checked_when_decoding(change,
         (lambda: DenseSlice("w", 0, 0, np.ones((2, 2))), "DenseSlice", "values"),
         (lambda: DenseSlice("w", -1, 0, np.ones(2)), "DenseSlice", "block"),
         (lambda: DenseSlice("w", 0, -1, np.ones(2)), "DenseSlice", "offset"),
+        (lambda: DenseSlice("w", 0, 0, np.ones(2), base=-1), "DenseSlice", "base"),
         (lambda: DenseSlice("", 0, 0, np.ones(2)), "DenseSlice", "param"),
         (lambda: DenseSlice("w" * 256, 0, 0, np.ones(2)), "DenseSlice", "param"),
         (lambda: SparseRows("e", np.array([1.0]), np.ones((1, 2))), "SparseRows", "ids"),

@@ -47,6 +47,19 @@ def test_a_pull_gets_the_dense_changes_of_the_own_pushes_its_shards_had_not_publ
     assert own.add_blocks({}, {0: {}, 1: {}})[("fc", 0)].tolist() == [-1.0, -1.0]
 
 
+def test_the_steps_added_to_a_pull_are_counted_per_block() -> None:
+    """What a gradient computed on a pull plus the estimates counts as seen besides the blocks'
+    versions (`DenseSlice.base`): the steps of each pending push, and of the push being made."""
+    own = pushes()
+    ones = np.ones(2)
+    push(own, 0, {0: ones, 1: ones})
+    push(own, 1, {0: ones})
+    own.block(("fc", 0), ones.astype(np.float32), 0)  # the push being made: a step so far
+    own.block(("fc", 0), ones.astype(np.float32), 0)  # ... and another
+    assert own.steps_added({0: {ME: 0}, 1: {}}) == {("fc", 0): 3, ("fc", 1): 1}
+    assert own.steps_added({0: {ME: 1}, 1: {ME: 1}}) == {("fc", 0): 2}
+
+
 def test_a_pull_gets_the_row_changes_of_the_own_pushes_their_shard_had_not_published() -> None:
     own = pushes()
     change = np.array([[1.0], [2.0], [4.0]], dtype=np.float32)

@@ -188,8 +188,9 @@ def test_gradient_buffer_keeps_each_step_apart_and_sends_one_delta_per_shard() -
     buffer.add_step("lr", np.array([1, 2], dtype=np.uint64), np.ones((2, 1), dtype=np.float32), None,
                     layout.gradients())
     buffer.add_step("lr", np.array([2, 9], dtype=np.uint64), np.full((2, 1), 2, dtype=np.float32), None,
-                    layout.gradients())
+                    layout.gradients(), {(layout.name, 0): 5})
     deltas = buffer.deltas("t:0:00000000000000000000", 4, "tr", 7, 32)
+    assert [piece.base for d in deltas for piece in d.dense] == [0, 5]  # each step at the version it saw
     assert [d.shard for d in deltas] == [0, 1, 2] and all(d.examples == 32 and d.seq == 4 for d in deltas)
     steps = sorted((int(i), float(g[0])) for d in deltas for part in d.sparse for i, g in zip(part.ids, part.values))
     assert steps == [(1, 1.0), (2, 1.0), (2, 2.0), (9, 2.0)]  # id 2 in both steps, not summed
@@ -388,20 +389,21 @@ def test_dense_blocks_load_as_the_initial_value_plus_what_the_shards_trained() -
 
 
 def test_an_estimate_of_a_group_given_up_leaves_the_model_at_the_next_load() -> None:
-    """The same pulled bytes are not loaded twice, so an estimate added since (`add`) would
-    stay: a group given up (a task dropped) must be forgotten by the next load."""
+    """The same pulled bytes are not loaded twice, but an estimate added since (`add`) must
+    not stay: a group given up (a task dropped) pushes none of it, so the next load writes the
+    block again. Each estimated step counts in the block's base until then."""
     model = WideDeep(ModelSpec(("a",), 2, 4))
     layout = DenseLayout(model)
     key = (layout.name, 0)
     pulled = np.zeros(layout.blocks[0].stop, dtype=np.float32)
-    layout.load({key: pulled})
+    layout.load({key: pulled}, {key: 7})
     before = model.deep[0].weight.detach().clone()
     layout.add({key: np.full_like(pulled, 0.25)})  # the estimate of a step never pushed
-    layout.load({key: pulled})
-    assert torch.allclose(model.deep[0].weight, before + 0.25)  # the same bytes: skipped
-    layout.forget_loaded()
-    layout.load({key: pulled})
+    assert torch.allclose(model.deep[0].weight, before + 0.25)
+    assert layout.bases[key] == 8
+    layout.load({key: pulled}, {key: 7})
     assert torch.equal(model.deep[0].weight, before)
+    assert layout.bases[key] == 7
 
 
 def test_cpu_parameters_are_the_layouts_values_and_still_train() -> None:
