@@ -95,6 +95,9 @@ class UpdateRule(Protocol):
             row's first update (``steps == 0`` under the row clock), as Adagrad does.
         clock: optional, what ``steps`` counts: ``"row"`` (when absent) or ``"table"``
             (see the module's docstring; ``clock_of``).
+        absolute: optional, True for a rule that sets the values from its state rather than
+            stepping them (FTRL's w(z, n)): a shard never damps its dense steps
+            (``train.damp_stale``), which its next step would undo (``is_absolute``).
     """
 
     name: str
@@ -136,6 +139,11 @@ def clock_of(rule: UpdateRule) -> str:
     if clock not in CLOCKS:
         raise UpdateRuleError(f"{getattr(rule, 'name', rule)!r}: clock: must be one of {CLOCKS}, got {clock!r}")
     return clock
+
+
+def is_absolute(rule: UpdateRule) -> bool:
+    """The rule's ``absolute``: False unless it declares it."""
+    return bool(getattr(rule, "absolute", False))
 
 
 # ------------------------------------------------------------------------------ validation
@@ -310,6 +318,7 @@ class FTRL(_BuiltIn):
 
     name: ClassVar[str] = "ftrl"
     state_names: ClassVar[tuple[str, ...]] = ("z", "n")
+    absolute: ClassVar[bool] = True
 
     alpha: float
     beta: float = 1.0

@@ -5,7 +5,8 @@ seq)`, then run the rule over every sparse table and dense block it touches. Wha
 returned so the publisher writes only those rows and blocks to Redis.
 
 A dense gradient computed on a block that has since taken other steps is damped by how many
-(`staleness_damping`). Every trainer computes on about the same dense layers, so with several
+(`staleness_damping`), unless the rule sets values from its state (FTRL: `is_absolute`), whose
+next step would undo it. Every trainer computes on about the same dense layers, so with several
 trainers each gradient arrives after the others' steps from about the same point, and each
 full step overshot: four trainers fell 0.013-0.029 AUC behind one process, and most of that was
 the dense layers' (bench/RESULTS.md). The rows are not damped: trainers seldom step the same row
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from streamtrain.jobstate.optimizers import UpdateRule
+from streamtrain.jobstate.optimizers import UpdateRule, is_absolute
 from streamtrain.jobstate.rows import RowTable
 from streamtrain.pserver.dedup import Dedup
 from streamtrain.schemas import GradientDelta, StreamtrainError, TaskRecord, partition_label
@@ -59,6 +60,7 @@ class ShardState:
         self.rule = rule
         self.init_scale = init_scale
         self.damp_stale = damp_stale
+        self._absolute = is_absolute(rule)  # FTRL: its next step sets the values from its state
         self.damped = 0  # dense steps applied at less than the full step, since this state was made
         self.tables: dict[str, RowTable] = {}
         self.dense: dict[tuple[str, int], DenseBlock] = {}
@@ -95,7 +97,9 @@ class ShardState:
         for piece in delta.dense:
             block = self._block(piece.param, piece.block, len(piece.values))
             grads = piece.values.reshape(1, -1).astype(np.float32, copy=False)
-            damping = staleness_damping(int(block.steps[0]), piece.base) if self.damp_stale else 1.0
+            damping = 1.0
+            if self.damp_stale and not self._absolute:
+                damping = staleness_damping(int(block.steps[0]), piece.base)
             if damping == 1.0:
                 self.rule.apply(block.values, grads, block.state, block.steps)
             else:

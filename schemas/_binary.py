@@ -30,9 +30,10 @@ class Reader:
     Arrays come back as np.frombuffer views of the input, so decoding costs no copies.
     """
 
-    __slots__ = ("check", "buf", "pos")
+    __slots__ = ("check", "buf", "pos", "version")
 
-    def __init__(self, check: Check, data: BytesLike, magic: bytes) -> None:
+    def __init__(self, check: Check, data: BytesLike, magic: bytes, older: tuple[int, ...] = ()) -> None:
+        """`older`: earlier versions the caller still reads (`version` says which one this is)."""
         self.check = check
         try:
             self.buf = memoryview(data).cast("B")
@@ -43,8 +44,10 @@ class Reader:
         if got_magic != magic:
             raise check.error("magic", f"expected {magic!r}, got {got_magic!r}")
         (version,) = self.unpack(_U8, "version")
-        if version != check.version:
-            raise check.error("version", f"unknown version {version}; this reader understands {check.version}")
+        if version != check.version and version not in older:
+            understood = ", ".join(str(v) for v in sorted({check.version, *older}))
+            raise check.error("version", f"unknown version {version}; this reader understands {understood}")
+        self.version = version
 
     def _advance(self, size: int, field: str) -> int:
         """Claim the next ``size`` bytes for ``field``; returns where they start."""

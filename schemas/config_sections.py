@@ -202,7 +202,7 @@ class TrainSection:
         damp_stale: a dense gradient computed on blocks that have since taken n steps of other
             trainers moves them by 1 / (1 + n) of the update rule's step (pserver/state.py).
             Four trainers at full steps were 0.013-0.029 AUC behind one process
-            (bench/RESULTS.md); one trainer's steps are never damped.
+            (bench/RESULTS.md); one trainer's steps are not, while its pushes land.
         learning_rate: the optimizer's step size, applied by the pservers.
         torch_threads: a trainer's intra-op threads for forward and backward; 0 = torch's
             default (one per core).

@@ -12,6 +12,9 @@ from ._check import U32_MAX, U64_MAX, Check, nested, unchecked
 from .errors import SchemaError
 
 VERSION = 2  # 2: a dense slice carries the block version it was computed at (`base`)
+# Version 1 is still read, so that a shard replaying a log written before it loses nothing: its
+# slices get the largest base, which no shard damps.
+UNKNOWN_BASE = U64_MAX
 MAGIC = b"SG"
 _check = Check("GradientDelta", VERSION)
 _slice_check = Check("DenseSlice", VERSION)
@@ -27,6 +30,7 @@ _F16_OVERFLOW = 65520.0
 # counts, task_id and trainer_id byte lengths.
 _HEADER = le("BIQQQIIHH")
 _DENSE = le("BIQIQ")  # param name length, block, offset, value count, base
+_DENSE_V1 = le("BIQI")  # version 1: no base
 # Arrays start on 8-byte boundaries so the decoder's frombuffer views are aligned.
 _ALIGN = 8
 
@@ -188,7 +192,7 @@ class GradientDelta:
 
         Raises: SchemaError.
         """
-        r = Reader(_check, data, MAGIC)
+        r = Reader(_check, data, MAGIC, older=(1,))
         code, shard, seq, step, examples, n_dense, n_sparse, task_len, trainer_len = r.unpack(_HEADER, "header")
         dtype = _DTYPE_BY_CODE.get(code)
         if dtype is None:
@@ -199,7 +203,11 @@ class GradientDelta:
         dense = []
         for i in range(n_dense):
             at = f"dense[{i}]"
-            name_len, block, offset, count, base = r.unpack(_DENSE, at)
+            if r.version == 1:
+                name_len, block, offset, count = r.unpack(_DENSE_V1, at)
+                base = UNKNOWN_BASE
+            else:
+                name_len, block, offset, count, base = r.unpack(_DENSE, at)
             param = r.text(name_len, f"{at}.param")
             r.align(_ALIGN, f"{at}.padding")
             values = _widen(r.array(wire, count, f"{at}.values"))

@@ -81,6 +81,12 @@ class GroupTrainer:
                 change = self.own_rows.step(unique, grads)
                 self.own.rows(RowChange(layout.name, unique, change, owners))
 
+    def given_up(self) -> None:
+        """A task was given up: the model may hold estimates of its steps, which no shard will
+        apply, so the next step pulls the dense blocks whatever `train.pull_every` says (a load
+        writes the blocks estimates were added to, `DenseLayout.add`)."""
+        self.since_dense = None
+
     def _pull(self, ids: np.ndarray, metrics: TaskMetrics) -> tuple[np.ndarray, np.ndarray | None]:
         """The rows of sorted distinct `ids` (and each one's shard), and the dense blocks into
         the model when `train.pull_every` mini-batches have trained since their last pull."""

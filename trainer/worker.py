@@ -212,6 +212,7 @@ class Trainer:
         parts.delivery.discard()
         parts.committer.drop(run.task.task_id)
         parts.sharded.own.forget(run.task.task_id)
+        parts.sharded.groups.given_up()
         feed.abandon(run.fed)
         if end.ending == "released":
             self._quietly(lambda t=run.task, b=end.behind: parts.tasks.release(t, behind=b))

@@ -7,10 +7,11 @@ import pytest
 
 import torch
 
-from streamtrain.jobstate.optimizers import Adagrad, Adam
+from streamtrain.jobstate.optimizers import FTRL, Adagrad, Adam
 from streamtrain.jobstate.rows import initial_rows
 from streamtrain.pserver.state import BadDeltaError, ShardState, newest, staleness_damping
 from streamtrain.schemas import DenseSlice, GradientDelta, SparseRows, TaskRecord
+from streamtrain.schemas.gradient import UNKNOWN_BASE
 
 
 def delta(seq: int, ids, grads, task_start: int = 0, dense=()) -> GradientDelta:
@@ -145,7 +146,8 @@ def test_newest_keeps_the_last_value_each_id_was_given() -> None:
     assert ids.tolist() == [1, 3, 5] and values[:, 0].tolist() == [10.0, 31.0, 51.0]
 
 
-@pytest.mark.parametrize(("steps", "base", "share"), [(0, 0, 1.0), (5, 5, 1.0), (5, 2, 0.25), (3, 9, 1.0)])
+@pytest.mark.parametrize(("steps", "base", "share"),
+                         [(0, 0, 1.0), (5, 5, 1.0), (5, 2, 0.25), (3, 9, 1.0), (10**6, UNKNOWN_BASE, 1.0)])
 def test_staleness_damping_is_one_over_one_plus_the_steps_not_seen(steps, base, share) -> None:
     assert staleness_damping(steps, base) == share
 
@@ -185,3 +187,15 @@ def test_one_trainers_steps_at_their_bases_are_never_damped() -> None:
         damped.apply(dense_delta(seq, "a", grad, base=seq))
         full.apply(dense_delta(seq, "a", grad, base=0))
     np.testing.assert_array_equal(damped.dense[("fc", 0)].values, full.dense[("fc", 0)].values)
+
+
+def test_a_rule_that_sets_values_from_its_state_is_never_damped() -> None:
+    """FTRL's next step sets the block from (z, n): a damped step would only be undone there."""
+    rng = np.random.default_rng(13)
+    grads = [rng.standard_normal(3).astype(np.float32) for _ in range(3)]
+    damped, full = ShardState(FTRL(alpha=0.1)), ShardState(FTRL(alpha=0.1), damp_stale=False)
+    for seq, grad in enumerate(grads):
+        for state in (damped, full):
+            state.apply(dense_delta(seq, "ab"[seq % 2], grad, base=0))
+    np.testing.assert_array_equal(damped.dense[("fc", 0)].values, full.dense[("fc", 0)].values)
+    assert damped.damped == 0

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from streamtrain.schemas import DenseSlice, GradientDelta, SchemaError, SparseRows
+from streamtrain.schemas.gradient import UNKNOWN_BASE
 
 FAST = settings(max_examples=60, deadline=None)
 
@@ -176,9 +177,26 @@ def test_truncation_inside_the_sparse_values_names_them():
 
 def test_unknown_version_raises_schema_error():
     data = bytearray(small().to_bytes())
-    data[2] = 1  # the format before dense slices carried their base
+    data[2] = 3
     err = raises_naming("version", GradientDelta.from_bytes, bytes(data))
-    assert "unknown version 1" in str(err)
+    assert "unknown version 3; this reader understands 1, 2" in str(err)
+
+
+def test_a_version_1_delta_still_decodes_with_slices_no_shard_damps() -> None:
+    """A shard replaying a log written before dense slices carried their base loses nothing:
+    the docs' example of version 1, read with the largest base."""
+    v1 = bytes.fromhex(
+        "53470101 01000000 0200000000000000 0900000000000000 4000000000000000 01000000 01000000 1800 0200"
+        + b"c:0:00000000000000000000t1".hex()
+        + "01 03000000 1000000000000000 01000000" + b"w".hex() + "0000003f"
+        + "03 01000000 0200" + b"emb".hex() + "0000 0500000000000000 0000803f 00000040")
+    delta = GradientDelta.from_bytes(v1)
+    assert (delta.task_id, delta.seq, delta.trainer_id, delta.shard, delta.step, delta.examples) == (
+        "c:0:00000000000000000000", 2, "t1", 1, 9, 64)
+    (piece,) = delta.dense
+    assert (piece.param, piece.block, piece.offset, piece.values.tolist()) == ("w", 3, 16, [0.5])
+    assert piece.base == UNKNOWN_BASE
+    assert delta.sparse[0].ids.tolist() == [5] and delta.sparse[0].values.tolist() == [[1.0, 2.0]]
 
 
 def test_wrong_magic_raises_schema_error():
