@@ -26,7 +26,10 @@ pytestmark = [pytest.mark.services, pytest.mark.slow]
 def test_sync_barrier_releases_steps_and_lets_a_frozen_trainer_go(services, redis_conn, topic_factory,
                                                                  unique, tmp_path) -> None:
     topic = topic_factory("sync", partitions=2)
-    counts = write_examples(services, topic, [e.to_json() for e in MODEL.examples(16_000)], 2)
+    # 625 mini-batches, 313 steps at the default two a push: the in-process trainer can train
+    # many steps alone while the trainer process starts, and at least ten must be left after
+    # the freeze (16,000 records, 125 steps, left too few in one CI run).
+    counts = write_examples(services, topic, [e.to_json() for e in MODEL.examples(40_000)], 2)
     config = make_job(unique("sync"), topic, tmp_path, sgd="sync", batch_size=64, max_records=1000, timeout_s=6)
     coord, background = Etcd.connect(services), Background()
     frozen = None
@@ -35,8 +38,8 @@ def test_sync_barrier_releases_steps_and_lets_a_frozen_trainer_go(services, redi
         for i in range(2):
             background.start(lambda stop, i=i: PserverShard(services, ShardOptions(config.name, i, lease_ttl_s=2)).run(stop))
         # Paused (no task is claimed) until both trainers are up: the first one up, alone, could
-        # otherwise train most of the 250 steps, or all of them, before the other starts (a
-        # fresh clone's CI saw the in-process one find no task left).
+        # otherwise train most of the steps, or all of them, before the other starts (a fresh
+        # clone's CI saw the in-process one find no task left).
         keys = EtcdKeys(config.name)
         pause = keys.control("pause")
         coord.put(pause, b"until both trainers are up")
