@@ -57,10 +57,11 @@ class TaskClient:
         config = read_job_config(etcd, job)
         return cls(etcd, job, trainer_id, config.tasks.timeout_s, config.tasks.max_attempts)
 
-    def claim(self) -> ClaimedTask | None:
-        """The next task, or None when todo is empty."""
+    def claim(self, push_every: int = 1) -> ClaimedTask | None:
+        """The next task, or None when todo is empty. A task claimed for the first time keeps
+        `push_every` mini-batches a push for good; a task claimed before keeps its own."""
         for _ in range(_MAX_TRIES):
-            candidate = self._candidate()
+            candidate = self._candidate(push_every)
             if candidate is None:
                 return None
             entry, held = candidate
@@ -71,7 +72,7 @@ class TaskClient:
             self._candidates = []  # another trainer was faster: what we listed is stale
         return None
 
-    def _candidate(self) -> tuple[Entry, ClaimedTask] | None:
+    def _candidate(self, push_every: int) -> tuple[Entry, ClaimedTask] | None:
         """A todo task this trainer may try to claim, with the record it would write: the retry
         lane's first in input order, else one of the rest. The lane is read at every claim: a
         task given back is older input than the tasks still to do, and claimed by creation
@@ -82,7 +83,7 @@ class TaskClient:
         # In input order, not at random: the lane is short, and the loser of a race for its first
         # task reads it again.
         for entry in retried:
-            if (held := self._held(entry)) is not None:
+            if (held := self._held(entry, push_every)) is not None:
                 return entry, held
         while True:
             if not self._candidates:
@@ -94,10 +95,10 @@ class TaskClient:
                 self._candidates = [listed[i] for i in order]
             # Random among the first few: trainers claiming at once rarely race for one key.
             entry = self._candidates.pop(self._rng.randrange(min(_SPREAD, len(self._candidates))))
-            if (held := self._held(entry)) is not None:
+            if (held := self._held(entry, push_every)) is not None:
                 return entry, held
 
-    def _held(self, entry: Entry) -> ClaimedTask | None:
+    def _held(self, entry: Entry, push_every: int) -> ClaimedTask | None:
         """The record a claim of `entry` writes; None if it is unreadable (skipped; no process
         can train it, and a rollback's record leaves it out and logs it)."""
         try:
@@ -105,7 +106,7 @@ class TaskClient:
         except SchemaError:
             return None
         held = replace(task, trainer_id=self.trainer_id, claim=task.claim + 1,
-                       deadline=time.time() + self.timeout_s)
+                       deadline=time.time() + self.timeout_s, push_every=task.push_every or push_every)
         return ClaimedTask(held, held.to_json())
 
     def _claim_ops(self, entry: Entry, held: ClaimedTask) -> list:
@@ -139,10 +140,10 @@ class TaskClient:
         self._require(self._etcd.txn([value_is(key, task.value)], [put_op(key, value)])[0], task)
         return ClaimedTask(held, value)
 
-    def complete(self, task: ClaimedTask, claim_next: bool = False) -> ClaimedTask | None:
+    def complete(self, task: ClaimedTask, claim_next: bool = False, push_every: int = 1) -> ClaimedTask | None:
         """pending → done. With `claim_next`, the next task is claimed in the same round trip
         (a nested transaction that runs only if the completion holds) and returned, so a busy
-        trainer pays one etcd transaction per task instead of two.
+        trainer pays one etcd transaction per task instead of two; `push_every` as for `claim`.
 
         Raises:
             TaskLostError: the task is no longer held by this attempt; nothing was written.
@@ -150,7 +151,7 @@ class TaskClient:
         done = replace(task.record, deadline=None)
         key = self.keys.task("pending", task.task_id)
         ops = [delete_op(key), put_op(self.keys.task("done", task.task_id), done.to_json())]
-        candidate = self._candidate() if claim_next else None
+        candidate = self._candidate(push_every) if claim_next else None
         if candidate is not None:
             entry, held = candidate
             ops.append(txn_op([mod_revision_is(entry.key, entry.mod_revision)],
@@ -161,7 +162,7 @@ class TaskClient:
             if nested_succeeded(responses[-1]):
                 return candidate[1]
             self._candidates = []
-        return self.claim() if claim_next else None
+        return self.claim(push_every) if claim_next else None
 
     def fail(self, task: ClaimedTask, reason: str) -> str:
         """This attempt failed: back to todo with attempt + 1, or failed after the last

@@ -97,6 +97,14 @@ def _bool(key: str, value: object) -> bool:
     return value
 
 
+def _push_every(value: object) -> int | str:
+    if value == "auto" and isinstance(value, str):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _I64_MAX:
+        raise JobConfigError("train.push_every", f"must be \"auto\" or an integer >= 1, got {_show(value)}")
+    return value
+
+
 def _choice(key: str, value: object, choices: tuple[str, ...], ref: bool = False) -> str:
     if isinstance(value, str) and (value in choices or (ref and _REF.fullmatch(value))):
         return value

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from streamtrain.schemas.config_rules import (_JOB, _REGISTERED, _URI, _URL, CsvColumn, JobConfigError, _bool, _choice,
-                                               _csv_columns, _fix, _int, _positive, _ref, _show, _topics)
+                                               _csv_columns, _fix, _int, _positive, _push_every, _ref, _show, _topics)
 from streamtrain.schemas.fields import DeclaredFields, FieldsError, parse_fields
 
 @dataclass(frozen=True)
@@ -184,10 +184,11 @@ class TrainSection:
             dies leaves none); ``at_least_once`` produces them at once (a redone task can
             repeat them), for brokers without transactions.
         push_every: push every n mini-batches, each still a step of the update rule that
-            pulls its rows first. 2 by default: half the pushes cut the job's CPU a record by
-            6-9% (the broker's, the shards' and Redis's), and two trainers kept the AUC of
-            pushes every mini-batch; at 3 and 4 they lost up to 0.004 and 0.013
-            (bench/RESULTS.md).
+            pulls its rows first; ``"auto"`` (the default): fixed for each task by its first
+            claim from the trainers live then (`trainer.policy.group_size`): 4 for one or two,
+            2 for three or four, 1 beyond, so that the trainers' mini-batches in flight at
+            once stay about 8. Fewer pushes cost the broker and the shards less a record; more
+            of the others' steps hidden at once cost AUC (bench/RESULTS.md).
         pull_every: pull the dense parameters with a mini-batch's rows once m mini-batches
             have trained since their last pull.
         max_in_flight: async only: how many of its own pushes a trainer may have sent and not
@@ -211,7 +212,7 @@ class TrainSection:
     sgd: str = "async"
     staleness: int = 0
     delivery: str = "exactly_once"
-    push_every: int = 2
+    push_every: int | str = "auto"
     pull_every: int = 1
     max_in_flight: int = 0
     damp_stale: bool = True
@@ -225,7 +226,7 @@ class TrainSection:
         _int("train.torch_threads", self.torch_threads, 0)
         staleness = _int("train.staleness", self.staleness, 0)
         _choice("train.delivery", self.delivery, ("exactly_once", "at_least_once"))
-        _int("train.push_every", self.push_every, 1)
+        _push_every(self.push_every)
         _int("train.pull_every", self.pull_every, 1)
         _bool("train.damp_stale", self.damp_stale)
         _fix(self, learning_rate=_positive("train.learning_rate", self.learning_rate))

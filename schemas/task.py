@@ -52,6 +52,10 @@ class TaskRecord:
     deadline: float | None = None  # epoch seconds
     reason: str | None = None  # why the last attempt failed
     claim: int = 0
+    # Mini-batches a push holds: fixed by the first claim (0 before it) and kept by every later
+    # attempt, whose push groups must be cut where the first attempt's were, since the shards
+    # apply each (task_id, seq) once.
+    push_every: int = 0
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -64,6 +68,7 @@ class TaskRecord:
         set_(self, "pass_no", _check.integer("pass_no", self.pass_no))
         set_(self, "attempt", _check.integer("attempt", self.attempt))
         set_(self, "claim", _check.integer("claim", self.claim))
+        set_(self, "push_every", _check.integer("push_every", self.push_every))
         _check.optional_text("trainer_id", self.trainer_id)
         _check.optional_text("reason", self.reason)
         if self.deadline is not None:
@@ -116,6 +121,7 @@ class TaskRecord:
                 "deadline": self.deadline,
                 "reason": self.reason,
                 "claim": self.claim,
+                "push_every": self.push_every,
             }
         )
 
@@ -139,6 +145,7 @@ class TaskRecord:
             deadline=get("deadline", None),
             reason=get("reason", None),
             claim=get("claim", 0),
+            push_every=get("push_every", 0),
         )
 
 

@@ -175,7 +175,7 @@ def _sharded(config: JobConfig, trainer_id: str, slot_map: SlotMap, revision: in
     own = OwnPushes(rule, trainer_id, shards)
     # Rows are estimated when a step may train before the shards publish an earlier one:
     # within a push group, and after pushes a trainer may leave in flight.
-    own_rows = OwnRows(rule, rows.width) if config.train.push_every > 1 or rows_in_flight(config) else None
+    own_rows = OwnRows(rule, rows.width) if config.train.push_every != 1 or rows_in_flight(config) else None
     groups = GroupTrainer(config, model, layout, rows, sync, buffer, own, own_rows, slot_map, device, obs)
     gate = StepGate(redis_conn, config.name, shards, config.train.sgd, config.train.staleness,
                     trainer_id, max_wait_s=max(1.0, config.tasks.timeout_s / 3))

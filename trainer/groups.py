@@ -28,7 +28,7 @@ def estimates_dense(config: JobConfig) -> bool:
     the shards publish it. Not when every step is pushed and pulled after this trainer's
     pushes are published (async with `max_in_flight` 0, or sync, `push_every` and
     `pull_every` 1), where the estimate was 6% of the trainer's CPU for nothing. (A wait for
-    them that times out then trains without their estimates.)"""
+    them that times out then trains without their estimates.) "auto" may group, so it does."""
     train = config.train
     return not (train.push_every == 1 and train.pull_every == 1 and (
         train.sgd == "sync" or (train.sgd == "async" and train.max_in_flight == 0)))

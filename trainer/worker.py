@@ -1,9 +1,10 @@
 """The trainer process: claim a task, read exactly its offsets, train, push, complete.
 
 Per task: records are decoded (bad ones dead-lettered), cut into mini-batches of
-`model.batch_size` good examples in offset order, and mini-batches into push groups of
-`train.push_every`; group g carries `(task_id, seq=g)`. The cut depends only on the records,
-so every attempt of a task produces the same keys and the pservers apply each group once.
+`model.batch_size` good examples in offset order, and mini-batches into push groups of the
+task's `push_every` (fixed by its first claim, trainer/policy.py `group_size`); group g
+carries `(task_id, seq=g)`. The cut depends only on the records and the task, so every attempt
+of a task produces the same keys and the pservers apply each group once.
 A group is pulled and trained by trainer/groups.py; this module runs tasks and pushes, with the
 parts trainer/assembly.py wires once the job's config is known (`TrainerParts`). Each
 group's deltas are produced as it is made (trainer/delivery.py); a background thread
@@ -42,7 +43,7 @@ from streamtrain.trainer.feed import Chunk, TaskFeed
 from streamtrain.trainer.loader import BadRecord, Loaded
 from streamtrain.trainer.metrics import TaskMetrics
 from streamtrain.trainer.models import default_device
-from streamtrain.trainer.policy import Stopped, heartbeat_due, task_end
+from streamtrain.trainer.policy import Stopped, group_size, heartbeat_due, task_end
 
 log = logging.getLogger(__name__)
 
@@ -247,18 +248,22 @@ class Trainer:
 
     def _next_task(self) -> ClaimedTask | None:
         self._keep_membership()
-        return None if self._paused() else self.parts.tasks.claim()
+        live = self._live_trainers()
+        if live is None:
+            return None
+        return self.parts.tasks.claim(group_size(self.parts.config.train.push_every, live))
 
-    def _paused(self) -> bool:
-        """`control/pause` set (a rollback): finish the task in hand, claim no other. Read with
-        the slot map's revision: a resize changes the map while the trainers are paused, and
-        the training thread switches to it before the next task (`_train_fed`)."""
+    def _live_trainers(self) -> int | None:
+        """How many trainers are registered; None while `control/pause` is set (a rollback:
+        finish the task in hand, claim no other). Read with the slot map's revision: a resize
+        changes the map while the trainers are paused, and the training thread switches to it
+        before the next task (`_train_fed`)."""
         parts = self.parts
         keys = EtcdKeys(parts.config.name)
-        pause, slots = parts.etcd.ranges([keys.control("pause"), keys.slots])
+        pause, slots, trainers = parts.etcd.ranges([keys.control("pause"), keys.slots, keys.trainers_prefix])
         if slots:
             self.slots_seen = max(self.slots_seen, slots[0].mod_revision)
-        return bool(pause)
+        return None if pause else len(trainers)
 
     @staticmethod
     def _quietly(call) -> None:
@@ -275,7 +280,7 @@ class Trainer:
         messages stay in the parts' delivery for the committer."""
         parts = self.parts
         metrics = run.metrics
-        push_every = parts.config.train.push_every
+        push_every = run.task.record.push_every
         if heartbeat_due(time.monotonic() - run.heartbeat_at, parts.config.tasks.timeout_s):
             self._heartbeat(run)  # it waited in the feed: still ours?
         parts.model.zero_grad(set_to_none=True)

@@ -297,12 +297,16 @@ def test_trainer_fail_and_release(services, topic_factory, unique, start_master)
     topic, config, etcd, keys = one_partition_job(services, topic_factory, unique, start_master,
                                                   "fail", 5, {"max_records": 5, "max_attempts": 2}, todo=1)
     c = client(etcd, config)
-    task = c.claim()
+    task = c.claim(push_every=4)
+    assert task.record.push_every == 4
     c.release(task)
-    task = c.claim()
+    task = c.claim(push_every=1)
     assert task.record.attempt == 0  # a release is not a failure
+    # Its first claim cut its push groups for every attempt: the shards apply each seq once.
+    assert task.record.push_every == 4
     assert c.fail(task, "decoder exploded") == "todo"
-    task = c.claim()
+    task = c.claim(push_every=2)
+    assert task.record.push_every == 4
     assert c.fail(task, "decoder exploded") == "failed"
     (entry,) = etcd.range(keys.tasks("failed"))
     assert "decoder exploded" in TaskRecord.from_json(entry.value).reason

@@ -142,7 +142,7 @@ def test_minimal_job_file_takes_every_documented_default():
             "sgd": "async",
             "staleness": 0,
             "delivery": "exactly_once",
-            "push_every": 2,
+            "push_every": "auto",
             "pull_every": 1,
             "max_in_flight": 0,
             "damp_stale": True,
@@ -294,7 +294,9 @@ BAD_VALUES = [
     ("train", "staleness", -1, "train.staleness", "integer >= 0"),
     ("train", "staleness", 2, "train.staleness", "only applies when train.sgd = 'bounded'"),
     ("train", "delivery", "exactly-once", "train.delivery", "one of exactly_once, at_least_once"),
-    ("train", "push_every", 0, "train.push_every", "integer >= 1"),
+    ("train", "push_every", 0, "train.push_every", '"auto" or an integer >= 1'),
+    ("train", "push_every", "Auto", "train.push_every", '"auto" or an integer >= 1'),
+    ("train", "push_every", True, "train.push_every", '"auto" or an integer >= 1'),
     ("train", "pull_every", 0, "train.pull_every", "integer >= 1"),
     ("train", "max_in_flight", -1, "train.max_in_flight", "integer in 0..255"),
     ("train", "max_in_flight", 256, "train.max_in_flight", "integer in 0..255"),
@@ -622,7 +624,7 @@ def job_files(draw):
         train["delivery"] = delivery
     maybe(train, "max_in_flight", st.integers(0, 100) if sgd in ("async", None) else st.just(0))
     maybe(train, "damp_stale", st.booleans())
-    maybe(train, "push_every", st.integers(1, 100))
+    maybe(train, "push_every", st.one_of(st.integers(1, 100), st.just("auto")))
     maybe(train, "pull_every", st.integers(1, 100))
     maybe(train, "learning_rate", positive)
 

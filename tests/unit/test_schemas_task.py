@@ -30,6 +30,7 @@ def records(draw):
         deadline=draw(st.none() | st.floats(0, 4e9)),
         reason=draw(st.none() | st.text(min_size=1, max_size=40)),
         claim=draw(st.integers(0, 2**40)),
+        push_every=draw(st.integers(0, 64)),
     )
 
 
@@ -53,12 +54,18 @@ def test_task_record_round_trips_through_json(record):
 
 
 def test_json_form_has_the_documented_keys():
-    doc = json.loads(small(attempt=1, trainer_id="t-1", deadline=1.5, claim=4).to_json())
+    doc = json.loads(small(attempt=1, trainer_id="t-1", deadline=1.5, claim=4, push_every=2).to_json())
     assert doc == {
         "v": 1, "task_id": "clicks:3:00000000000000000100", "topic": "clicks", "partition": 3,
         "start": 100, "end": 200, "pass_no": 0, "attempt": 1, "trainer_id": "t-1",
-        "deadline": 1.5, "reason": None, "claim": 4,
+        "deadline": 1.5, "reason": None, "claim": 4, "push_every": 2,
     }  # fmt: skip
+
+
+def test_a_record_written_before_push_every_reads_as_not_fixed():
+    doc = json.loads(small(claim=4).to_json())
+    del doc["push_every"]
+    assert TaskRecord.from_json(json.dumps(doc)).push_every == 0
 
 
 def test_task_id_is_topic_partition_and_zero_padded_start():
@@ -114,6 +121,7 @@ def test_malformed_task_ids_raise_schema_error(task_id):
         ({"attempt": -1}, "attempt"),
         ({"claim": -1}, "claim"),
         ({"claim": 1.0}, "claim"),
+        ({"push_every": -1}, "push_every"),
         ({"pass_no": -1}, "pass_no"),
         ({"pass_no": 1}, "task_id"),
         ({"task_id": "clicks:3:00000000000000000101"}, "task_id"),
@@ -177,6 +185,7 @@ def test_missing_required_json_key_raises_schema_error(key):
         ("deadline", "NaN", "deadline"),
         ("claim", None, "claim"),
         ("attempt", [], "attempt"),
+        ("push_every", "auto", "push_every"),
     ],
 )
 def test_wrong_json_values_raise_schema_error(key, value, field):

@@ -13,8 +13,8 @@ from streamtrain.jobstate.paramstore import ParamsUnavailableError
 from streamtrain.trainer.committer import one_commit
 from streamtrain.trainer.delivery import DeliveryBroken, DeliveryError
 from streamtrain.trainer.loader import LoaderDiedTwiceError, LoaderError
-from streamtrain.trainer.policy import (ETCD_AWAY_S, KAFKA_AWAY_S, REGISTRY_AWAY_S, Stopped, TaskEnd, heartbeat_due,
-                                        task_end)
+from streamtrain.trainer.policy import (ETCD_AWAY_S, KAFKA_AWAY_S, REGISTRY_AWAY_S, Stopped, TaskEnd, group_size,
+                                        heartbeat_due, task_end)
 from streamtrain.trainer.reader import RangeReadError
 
 
@@ -63,3 +63,18 @@ def test_one_commit_takes_the_pushes_up_to_and_including_the_first_task_end() ->
     assert one_commit([True, False]) == 1
     assert one_commit([False, False]) == 2  # pushes alone: all of them
     assert one_commit([]) == 0
+
+
+@pytest.mark.parametrize("push_every, live, size", [
+    ("auto", 0, 4),  # this trainer's own registration not seen yet: it is one
+    ("auto", 1, 4),
+    ("auto", 2, 4),  # two trainers: 8 mini-batches in flight at once
+    ("auto", 3, 2),
+    ("auto", 4, 2),
+    ("auto", 5, 1),
+    ("auto", 100, 1),  # never fewer than one
+    (3, 1, 3),  # as set, whatever the trainers
+    (1, 100, 1),
+])
+def test_a_push_holds_the_set_mini_batches_or_about_eight_among_the_live_trainers(push_every, live, size):
+    assert group_size(push_every, live) == size
