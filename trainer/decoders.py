@@ -8,9 +8,11 @@ record's value bytes and returning an Example. Every failure is a `DecodeError` 
 a person can act on; the trainer dead-letters the record and goes on.
 
 `make_decoder` decodes one record into a `schemas.Example`. The trainer uses `ChunkDecoder`,
-which decodes many records straight into the job's `Columns`: for JSON, msgspec parses and
-type-checks each record in C against a schema that accepts only what `Example.from_json`
-accepts, and the remaining checks run vectorised over the chunk; for CSV (trainer/csvinput.py),
+which decodes many records straight into the job's `Columns`: for JSON, a compiled pass over
+the chunk's bytes takes the usual chunk whole (trainer/jsonscan.py), pyarrow's JSON reader the
+rest of the chunks of one document shape, and otherwise msgspec parses and type-checks each
+record in C against a schema that accepts only what `Example.from_json` accepts, and the
+remaining checks run vectorised over the chunk; for CSV (trainer/csvinput.py),
 pyarrow's reader splits the chunk's lines in C and its casts convert the numbers, with Python only for the
 cells they refuse. A record the fast path refuses goes through the one-record decoder, so its
 reason (and the verdict) are the same as one by one: the fast path decides speed, never
@@ -67,6 +69,13 @@ class ChunkDecoder:
         self._framed = _framed_decoder(section, registry) if section.format in _FRAMED else None
         self._one = _guarded(self._framed) if self._framed is not None else make_decoder(section, registry)
         example_json = section.format == "json" and section.fields is None
+        self._scan = None
+        if example_json:
+            # Here, not at the top: numba's import is a second of a process's start, which
+            # only a loader of Example JSON need pay.
+            from streamtrain.trainer.jsonscan import JsonScan
+
+            self._scan = JsonScan(self.fields, dense_features)
         self._fast = _JsonFast() if example_json else None
         self._arrow = _JsonArrow(self.fields, dense_features) if example_json else None
         self._csv = CsvChunks(section.csv_columns, self.fields, dense_features, stable_id) \
@@ -82,6 +91,10 @@ class ChunkDecoder:
         if self._declared is not None:
             parsed = self._declared.parse(values)
             return self._merge(values, *parsed) if parsed is not None else Decoded(*self._one_by_one(values))
+        if self._scan is not None:
+            columns = self._scan.parse(values)
+            if columns is not None:
+                return Decoded(columns, [])
         if self._arrow is not None:
             columns = self._arrow.parse(values)
             if columns is not None:
