@@ -1,5 +1,6 @@
 """A trainer's decisions about a task, as pure functions: how many mini-batches a push of it
-holds, how a task whose training raised ends, and when the trainer heartbeats it. The worker (worker.py) does what they say."""
+holds, how a task whose training raised ends, and when the trainer heartbeats it. The worker
+(worker.py) does what they say."""
 
 from __future__ import annotations
 
