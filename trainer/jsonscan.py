@@ -118,6 +118,8 @@ def _is(buf, a, b, text):
     return True
 
 
+# The scan repeats its "a comma, or the closing bracket" and digit loops inline: as helpers
+# returning (position, state) tuples the scan took 0.82-1.07 us a record against 0.53.
 @numba.njit(cache=True, nogil=True)
 def scan(buf, starts, ends, names, name_at, width, ids, seg_at, seg_len, num_at, num_end, times):
     """Parses every record buf[starts[r]:ends[r]]. Writes the ids in text order to `ids`,

@@ -489,9 +489,11 @@ def test_a_task_redone_after_a_killed_or_frozen_trainer_is_applied_exactly_once(
     train = MODEL.examples(12_000)
     topic = topic_factory("faults", partitions=2)
     counts = write_examples(services, topic, [e.to_json() for e in train], 2)
-    # Long tasks of many small push groups: the fault lands mid-task, after some pushes.
+    # Long tasks of many small push groups: the fault lands mid-task, after some pushes. A
+    # push a mini-batch: a lone trainer's pushes of 4 (push_every "auto") let the victim race
+    # through its tasks between two looks.
     config = make_job(unique(fault), topic, tmp_path, max_records=3000, batch_size=16, timeout_s=4,
-                      **DELIVERY[delivery])
+                      push_every=1, **DELIVERY[delivery])
     coord, background = Etcd.connect(services), Background()
     try:
         background.start(lambda stop: Master(Etcd.connect(services), services, config).run(stop))
