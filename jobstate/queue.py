@@ -12,20 +12,6 @@ from streamtrain.schemas import SchemaError, TaskId, TaskRecord
 
 T = TypeVar("T")
 
-# A claim picks at random among the first few todo tasks in claim order, so that trainers
-# claiming at once rarely race for one key; never among more than this many.
-SPREAD_MAX = 32
-
-
-def claim_spread(claimants: int) -> int:
-    """Among how many of the first todo tasks in claim order a claim picks at random, with
-    `claimants` trainers claiming: one each, so a lone trainer claims in order. Each pick
-    leaves a task behind with probability 1 - 1/spread, so a task waits a geometric number of
-    claims: at 32, two trainers' claims (simulated) trained some of a 123-task backlog 70-100
-    tasks late, records of an older drift epoch among the last a model saw (bench/RESULTS.md,
-    2026-12-01)."""
-    return max(1, min(SPREAD_MAX, claimants))
-
 
 def rounds_of(tasks: Iterable[TaskRecord]) -> list[list[TaskRecord]]:
     """Tasks regrouped as `cut_rounds` cuts them: round k holds each partition's k-th task, in

@@ -18,9 +18,10 @@ from streamtrain.jobstate.etcd import (MAX_TXN_OPS, Entry, Etcd, delete_op, mod_
                                        txn_op, value_is)
 from streamtrain.schemas import EtcdKeys, SchemaError, TaskRecord
 
-# Trainers pick at random among the first todo tasks in claim order they last listed
-# (`queue.claim_spread`). A listing holds more than one master transaction's tasks, so its
-# oldest revision is whole.
+# Trainers pick at random among the first todo tasks in claim order they last listed, so that
+# many trainers claiming at once rarely race for one key, while old tasks still go first. A
+# listing holds more than one master transaction's tasks, so its oldest revision is whole.
+_SPREAD = 32
 _CANDIDATES = MAX_TXN_OPS + 8
 _MAX_TRIES = 16
 
@@ -56,12 +57,11 @@ class TaskClient:
         config = read_job_config(etcd, job)
         return cls(etcd, job, trainer_id, config.tasks.timeout_s, config.tasks.max_attempts)
 
-    def claim(self, push_every: int = 1, claimants: int = 1) -> ClaimedTask | None:
+    def claim(self, push_every: int = 1) -> ClaimedTask | None:
         """The next task, or None when todo is empty. A task claimed for the first time keeps
-        `push_every` mini-batches a push for good; a task claimed before keeps its own.
-        `claimants`: the trainers that may be claiming at once (`queue.claim_spread`)."""
+        `push_every` mini-batches a push for good; a task claimed before keeps its own."""
         for _ in range(_MAX_TRIES):
-            candidate = self._candidate(push_every, claimants)
+            candidate = self._candidate(push_every)
             if candidate is None:
                 return None
             entry, held = candidate
@@ -72,7 +72,7 @@ class TaskClient:
             self._candidates = []  # another trainer was faster: what we listed is stale
         return None
 
-    def _candidate(self, push_every: int, claimants: int) -> tuple[Entry, ClaimedTask] | None:
+    def _candidate(self, push_every: int) -> tuple[Entry, ClaimedTask] | None:
         """A todo task this trainer may try to claim, with the record it would write: the retry
         lane's first in input order, else one of the rest. The lane is read at every claim: a
         task given back is older input than the tasks still to do, and claimed by creation
@@ -94,8 +94,7 @@ class TaskClient:
                                          truncated=len(listed) == _CANDIDATES)
                 self._candidates = [listed[i] for i in order]
             # Random among the first few: trainers claiming at once rarely race for one key.
-            spread = queue.claim_spread(claimants)
-            entry = self._candidates.pop(self._rng.randrange(min(spread, len(self._candidates))))
+            entry = self._candidates.pop(self._rng.randrange(min(_SPREAD, len(self._candidates))))
             if (held := self._held(entry, push_every)) is not None:
                 return entry, held
 
@@ -141,12 +140,10 @@ class TaskClient:
         self._require(self._etcd.txn([value_is(key, task.value)], [put_op(key, value)])[0], task)
         return ClaimedTask(held, value)
 
-    def complete(self, task: ClaimedTask, claim_next: bool = False, push_every: int = 1,
-                 claimants: int = 1) -> ClaimedTask | None:
+    def complete(self, task: ClaimedTask, claim_next: bool = False, push_every: int = 1) -> ClaimedTask | None:
         """pending → done. With `claim_next`, the next task is claimed in the same round trip
         (a nested transaction that runs only if the completion holds) and returned, so a busy
-        trainer pays one etcd transaction per task instead of two; `push_every` and
-        `claimants` as for `claim`.
+        trainer pays one etcd transaction per task instead of two; `push_every` as for `claim`.
 
         Raises:
             TaskLostError: the task is no longer held by this attempt; nothing was written.
@@ -154,7 +151,7 @@ class TaskClient:
         done = replace(task.record, deadline=None)
         key = self.keys.task("pending", task.task_id)
         ops = [delete_op(key), put_op(self.keys.task("done", task.task_id), done.to_json())]
-        candidate = self._candidate(push_every, claimants) if claim_next else None
+        candidate = self._candidate(push_every) if claim_next else None
         if candidate is not None:
             entry, held = candidate
             ops.append(txn_op([mod_revision_is(entry.key, entry.mod_revision)],
@@ -165,7 +162,7 @@ class TaskClient:
             if nested_succeeded(responses[-1]):
                 return candidate[1]
             self._candidates = []
-        return self.claim(push_every, claimants) if claim_next else None
+        return self.claim(push_every) if claim_next else None
 
     def fail(self, task: ClaimedTask, reason: str) -> str:
         """This attempt failed: back to todo with attempt + 1, or failed after the last

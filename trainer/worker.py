@@ -251,7 +251,7 @@ class Trainer:
         live = self._live_trainers()
         if live is None:
             return None
-        return self.parts.tasks.claim(group_size(self.parts.config.train.push_every, live), claimants=live)
+        return self.parts.tasks.claim(group_size(self.parts.config.train.push_every, live))
 
     def _live_trainers(self) -> int | None:
         """How many trainers are registered; None while `control/pause` is set (a rollback:

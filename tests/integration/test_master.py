@@ -91,9 +91,9 @@ def test_a_backlog_is_claimed_across_partitions_in_offset_order(
         claimed[partition] += 1
         worst = max(worst, max(claimed) - min(claimed))
     assert claimed == [300, 300, 300]
-    # A lone claimant takes the first task left each time: in rounds, no partition gets more
-    # than a task ahead; partition after partition it would be 300.
-    assert worst <= 1, worst
+    # Claims pick at random among the first 32 left in order, so one partition can get about
+    # that far ahead of another; partition after partition it would be 300.
+    assert worst <= 40, worst
     etcd.close()
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import pytest
-
 from streamtrain.jobstate import queue
 from streamtrain.schemas import TaskRecord
 
@@ -57,8 +55,3 @@ def test_a_task_whose_holder_was_lost_goes_back_with_its_attempt_unchanged_howev
     for _ in range(10):
         task = queue.requeue_lost(replace(task, trainer_id="t0"), "trainer t0 left")
     assert (task.attempt, task.trainer_id, task.deadline, task.reason) == (2, None, None, "trainer t0 left")
-
-
-@pytest.mark.parametrize("claimants, spread", [(0, 1), (1, 1), (2, 2), (4, 4), (32, 32), (1000, 32)])
-def test_claims_pick_among_one_task_per_claimant_so_a_lone_trainer_claims_in_order(claimants, spread) -> None:
-    assert queue.claim_spread(claimants) == spread
