@@ -1,8 +1,9 @@
 """Parameters in Redis: what a shard publishes there (pserver/publisher.py) and `ParamClient`,
 which pulls them for trainers and online inference.
 
-Keys (schemas.RedisKeys): one value per sparse row (`st:{<job>:<shard>}:row:<table>:<id>`), one per dense
-block (`st:{<job>:<shard>}:dense:<param>:<block>`), and a version counter per shard
+Keys (schemas.RedisKeys): one value per sparse row (`st:{<job>:<shard>}:row:<table>:<id>`), two per dense
+block (`st:{<job>:<shard>}:dense:<param>:<block>`, as trained, and `...:served:<param>:<block>`, as
+scored: `train.average_steps`), and a version counter per shard
 (`st:{<job>:<shard>}:version`) bumped after each publish. Every value is written by a single SET
 inside a pipeline, so a reader sees a row or block either before or after an update, never
 half of it. Redis is a cache: a shard republishes everything when its version key is gone
@@ -82,10 +83,13 @@ Round = tuple[bytes, PublishedRound | None]
 class ParamClient:
     """Pulls rows and blocks for trainers and online inference, one round trip per call."""
 
-    def __init__(self, client: Client, job: str, slot_map: SlotMap, init_scale: float = 0.01) -> None:
-        """`client`: a single Redis's or a Redis Cluster's (jobstate/redisnodes.py)."""
+    def __init__(self, client: Client, job: str, slot_map: SlotMap, init_scale: float = 0.01,
+                 served: bool = False) -> None:
+        """`client`: a single Redis's or a Redis Cluster's (jobstate/redisnodes.py). `served`:
+        dense blocks as scored (`RedisKeys.served`, for inference), not as trained."""
         self.nodes = ShardNodes(client, job)
         self._keys = RedisKeys(job)
+        self._block_key = self._keys.served if served else self._keys.dense
         self.slot_map = slot_map
         self.init_scale = init_scale
         self._block_shards: dict[tuple[str, int], int] = {}  # a model's blocks, pulled again and again
@@ -230,7 +234,7 @@ class ParamClient:
     def _dense_key(self, shard: int, block: tuple[str, int]) -> bytes:
         key = self._dense_keys.get((shard, block))
         if key is None:
-            key = self._dense_keys[(shard, block)] = self._keys.dense(shard, *block).encode()
+            key = self._dense_keys[(shard, block)] = self._block_key(shard, *block).encode()
         return key
 
     def _decode(self, rows: dict[str, tuple[np.ndarray, int]], blocks: list[tuple[str, int]],

@@ -2,7 +2,7 @@
 pyarrow supports (s3://, hdfs://, gs://) by config.
 
 Layout under `<checkpoint_uri>/shard-<i>/<checkpoint_id>/`: one .npy file per array (ids,
-values, steps and every optimizer state array of each table; dense blocks), `index.json` (each
+values, steps and every optimizer state array of each table; dense blocks and their served averages), `index.json` (each
 table's width and update count), `dedup.json`, `examples.json` (examples applied per task and partition), and
 `MANIFEST.json` written last with every file's size and sha256. A checkpoint counts only once
 its manifest exists and its files match it, so a crash mid-write leaves an ignored directory,
@@ -195,6 +195,7 @@ def _snapshot(state: ShardState) -> dict[str, bytes]:
         dense_blocks.append(SavedBlock(param, block, f"dense{b}"))
         files[f"dense{b}.values.npy"] = _npy(dense.values)
         files[f"dense{b}.steps.npy"] = _npy(dense.steps)
+        files[f"dense{b}.average.npy"] = _npy(dense.served())
         for s, arr in dense.state.items():
             files[f"dense{b}.state.{s}.npy"] = _npy(arr)
     files["dedup.json"] = state.dedup.to_json()
@@ -223,7 +224,9 @@ def _restore(blobs: dict[str, bytes], rule: UpdateRule) -> ShardState:
         state.dense[(meta.param, meta.block)] = DenseBlock(
             _load_npy(blobs[f"{f}.values.npy"]),
             {s: _load_npy(blobs[f"{f}.state.{s}.npy"]) for s in rule.state_names},
-            _load_npy(blobs[f"{f}.steps.npy"]))
+            _load_npy(blobs[f"{f}.steps.npy"]),
+            # A checkpoint of before the served average: it starts from the values.
+            _load_npy(blobs[f"{f}.average.npy"]) if f"{f}.average.npy" in blobs else None)
     state.dedup = Dedup.from_json(blobs["dedup.json"])
     examples = ExampleCounts.from_json(blobs["examples.json"])
     state.examples.update(examples.tasks)

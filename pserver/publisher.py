@@ -18,7 +18,7 @@ from streamtrain.jobstate import resp
 from streamtrain.jobstate.paramstore import ROUNDS_FIELD, ROUNDS_KEPT, flush_mark, stream_id
 from streamtrain.jobstate.redisnodes import Client, ShardNodes, moved
 from streamtrain.jobstate.rows import distinct
-from streamtrain.pserver.state import Changes, ShardState
+from streamtrain.pserver.state import Changes, DenseBlock, ShardState
 from streamtrain.schemas import (AppliedSteps, FlushMark, ParamBlock, PublishedRound, RedisKeys, RoundRows,
                                 encode_rows_matrix)
 
@@ -75,7 +75,8 @@ class Snapshot:
     to Redis afterwards, so a shard can apply while the previous changes are on the wire."""
 
     rows: list[tuple[str, np.ndarray, np.ndarray]]  # the round's changed rows: table, ids, values (n, dim)
-    blocks: list[tuple[str, int, np.ndarray, int]]  # param, block, values, version (its steps)
+    # param, block, values, version (its steps), the values served (DenseBlock.served)
+    blocks: list[tuple[str, int, np.ndarray, int, np.ndarray]]
     keys: list[tuple[str, np.ndarray, np.ndarray]] = ()  # rows to write to their keys (a flush)
     flush: bool = False  # the keys are every row changed since the last flush
 
@@ -102,7 +103,7 @@ class Publisher:
         self._flushed_at = time.monotonic()
         self._flushed_keys = 0  # how many rows the last flush wrote
         self._flush_round = 0  # the round of the last flush
-        self._dense_keys: dict[tuple[str, int], bytes] = {}  # every round writes the blocks it changed
+        self._dense_keys: dict[tuple[str, int], tuple[bytes, bytes]] = {}  # every round writes the blocks it changed
 
     @property
     def node(self) -> redis.Redis:
@@ -135,8 +136,7 @@ class Publisher:
         """Copies of the changed rows and blocks (with the state not being written). `flush`:
         also of every row changed since the last flush, for their keys (None: if
         `flush_due`). `reset`: `changes` is everything; all of it goes to the keys."""
-        blocks = [(p, b, state.dense[(p, b)].values[0].copy(), int(state.dense[(p, b)].steps[0]))
-                  for p, b in changes.blocks]
+        blocks = [_block_copy(p, b, state.dense[(p, b)]) for p, b in changes.blocks]
         if reset:
             self._dirty, self._dirty_rows, self._flushed_at = {}, 0, time.monotonic()
             return Snapshot([], blocks, _gather(state, changes.rows), flush=True)
@@ -183,10 +183,13 @@ class Publisher:
         pool = self.node.connection_pool
         conn = pool.get_connection()
         try:
-            for param, block, values, version in snapshot.blocks:
-                chunks.append(resp.command(b"SET", self._dense_key(param, block),
+            for param, block, values, version, served in snapshot.blocks:
+                live_key, served_key = self._dense_keys_of(param, block)
+                chunks.append(resp.command(b"SET", live_key,
                                            ParamBlock.of_wire_types(param, block, version, values).to_bytes()))
-                queued += 1
+                chunks.append(resp.command(b"SET", served_key,
+                                           ParamBlock.of_wire_types(param, block, version, served).to_bytes()))
+                queued += 2
             if applied is not None:
                 chunks.append(self._applied_command(applied))
                 queued += 1
@@ -229,11 +232,13 @@ class Publisher:
         finally:
             pool.release(conn)
 
-    def _dense_key(self, param: str, block: int) -> bytes:
-        key = self._dense_keys.get((param, block))
-        if key is None:
-            key = self._dense_keys[(param, block)] = self._keys.dense(self.shard, param, block).encode()
-        return key
+    def _dense_keys_of(self, param: str, block: int) -> tuple[bytes, bytes]:
+        """The block's key trainers pull and the key of what is served (`RedisKeys.served`)."""
+        keys = self._dense_keys.get((param, block))
+        if keys is None:
+            keys = self._dense_keys[(param, block)] = (self._keys.dense(self.shard, param, block).encode(),
+                                                       self._keys.served(self.shard, param, block).encode())
+        return keys
 
     def send_steps(self, document: bytes) -> None:
         """The barrier's steps document (sync and bounded SGD) to its key, and to the trainers
@@ -278,7 +283,8 @@ class Publisher:
             self.node.unlink(*keys[i:i + _CHUNK])
 
     def unpublish_blocks(self, blocks: Iterable[tuple[str, int]]) -> None:
-        keys = [self._keys.dense(self.shard, p, b) for p, b in blocks]
+        keys = [key for p, b in blocks for key in (self._keys.dense(self.shard, p, b),
+                                                   self._keys.served(self.shard, p, b))]
         if keys:
             self.node.unlink(*keys)
 
@@ -289,6 +295,10 @@ class Publisher:
             if moved(exc):
                 self._nodes.forget()
             raise
+
+
+def _block_copy(param: str, block: int, dense: DenseBlock) -> tuple[str, int, np.ndarray, int, np.ndarray]:
+    return param, block, dense.values[0].copy(), int(dense.steps[0]), dense.served()[0].copy()
 
 
 def _gather(state: ShardState, rows: Mapping[str, np.ndarray]) -> list[tuple[str, np.ndarray, np.ndarray]]:

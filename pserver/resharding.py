@@ -59,7 +59,7 @@ def regroup(states: Mapping[int, ShardState], old_map: SlotMap, new_map: SlotMap
             target = out[new_map.shard_of_block(param, block)]
             target.dense[(param, block)] = DenseBlock(dense.values.copy(),
                                                       {k: v.copy() for k, v in dense.state.items()},
-                                                      dense.steps.copy())
+                                                      dense.steps.copy(), dense.served().copy())
     # Every shard has every table, with the newest clock. The table clock (Adam's bias
     # correction) counts the applies that reached the table on a shard: about the same on
     # every shard, as each gets rows of nearly every push; the newest is the one a single shard
@@ -89,7 +89,7 @@ def _common_marks(states: Mapping[int, ShardState]) -> dict[tuple[str, int], tup
 
 def _folded(state: ShardState, marks: dict[tuple[str, int], tuple[int, int]]) -> ShardState:
     """A state with no parameters, and `state`'s ledger and example counts folded to `marks`."""
-    out = ShardState(state.rule, state.init_scale, state.damp_stale)
+    out = ShardState(state.rule, state.init_scale, state.damp_stale, state.average_steps)
     out.dedup = Dedup.from_json(state.dedup.to_json())
     out.dedup.dropped = 0  # duplicates each shard dropped: its own count, not the cut's
     out.examples.update(state.examples)

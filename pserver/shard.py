@@ -204,6 +204,7 @@ class PserverShard:
             log.info("shard %d: loaded checkpoint %s, replaying %s from offset %d", index,
                      checkpoints.latest, grads.topic, resume)
         self.state.damp_stale = config.train.damp_stale
+        self.state.average_steps = config.train.average_steps
         redis_conn = self._given_redis or redis_client(self.endpoints)
         publishing = BackgroundPublisher(Publisher(redis_conn, config.name, index), self.state,
                                          self.lock, self.options.publish_interval_s,
@@ -401,7 +402,7 @@ class PserverShard:
         every gradient written so far skipped. Returns the offset the skipping ends at."""
         grads, publishing = self.parts.grads, self.parts.publishing
         end = grads.log_end()  # every gradient written before the rollback request is from before
-        state.damp_stale = self.state.damp_stale
+        state.damp_stale, state.average_steps = self.state.damp_stale, self.state.average_steps
         with publishing.round_lock, self.lock:
             publishing.unpublish_missing(self.state, state)
             self.state = publishing.state = state

@@ -36,6 +36,12 @@ class DenseBlock:
     values: np.ndarray  # (1, length) float32
     state: dict[str, np.ndarray]
     steps: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
+    # What is served (`average_step`); None: the values themselves (a block from a checkpoint
+    # of before the average, until its next step).
+    average: np.ndarray | None = None
+
+    def served(self) -> np.ndarray:
+        return self.values if self.average is None else self.average
 
 
 @dataclass
@@ -47,6 +53,21 @@ class Changes:
     values: dict[str, np.ndarray] = field(default_factory=dict)
 
 
+def average_step(average: np.ndarray, values: np.ndarray, steps: int) -> None:
+    """Move the served `average` of a dense block to its new `values` in place: an exponential
+    moving average over about `steps` steps of the update rule (weight 1 / `steps` to the
+    newest); 0 or 1 serves the values themselves.
+
+    Adam at a constant learning rate keeps the output layer moving from one mini-batch to the
+    next: one process's mean prediction on the holdout moved by 4-6% of the CTR (one standard
+    deviation) over its last 200 steps, about the spread of a job's final ones. An average over
+    50 steps moved by 1.1-1.2% and scored 0.0004-0.0014 more AUC (`bench.served_average`)."""
+    if steps <= 1:
+        np.copyto(average, values)
+    else:
+        average += (values - average) * np.float32(1.0 / steps)
+
+
 def staleness_damping(steps: int, base: int) -> float:
     """The share of the update rule's step that a dense gradient computed at block version
     `base` takes when the block has had `steps`: 1 / (1 + the steps it did not see)
@@ -56,10 +77,12 @@ def staleness_damping(steps: int, base: int) -> float:
 
 
 class ShardState:
-    def __init__(self, rule: UpdateRule, init_scale: float = 0.01, damp_stale: bool = True) -> None:
+    def __init__(self, rule: UpdateRule, init_scale: float = 0.01, damp_stale: bool = True,
+                 average_steps: int = 0) -> None:
         self.rule = rule
         self.init_scale = init_scale
         self.damp_stale = damp_stale
+        self.average_steps = average_steps  # train.average_steps: what `average_step` serves
         self._absolute = is_absolute(rule)  # FTRL: its next step sets the values from its state
         self.damped = 0  # dense steps applied at less than the full step, since this state was made
         self.tables: dict[str, RowTable] = {}
@@ -112,6 +135,10 @@ class ShardState:
                 block.values *= np.float32(damping)
                 block.values += before
             block.steps += 1
+            if block.average is None:
+                block.average = block.values.copy()
+            else:
+                average_step(block.average, block.values, self.average_steps)
             changes.blocks.add((piece.param, piece.block))
         self.examples[delta.task_id] += delta.examples
         return changes
@@ -161,7 +188,8 @@ class ShardState:
             # which trainers add when they load it (trainer/params.py).
             found = self.dense[(param, block)] = DenseBlock(
                 np.zeros((1, length), dtype=np.float32),
-                {n: np.zeros((1, length), dtype=np.float32) for n in self.rule.state_names})
+                {n: np.zeros((1, length), dtype=np.float32) for n in self.rule.state_names},
+                average=np.zeros((1, length), dtype=np.float32))
         return found
 
 

@@ -204,6 +204,13 @@ class TrainSection:
             trainers moves them by 1 / (1 + n) of the update rule's step (pserver/state.py).
             Four trainers at full steps were 0.013-0.029 AUC behind one process
             (bench/RESULTS.md); one trainer's steps are not, while its pushes land.
+        average_steps: what is scored (`streamtrain predict`, online inference) is, for the
+            dense layers, an exponential moving average of their values over about this many
+            steps of the update rule (pserver/state.py `average_step`); trainers train on the
+            values themselves. Adam at a constant learning rate moves the output layer from
+            one mini-batch to the next: one process's mean prediction moved by 4-6% of the CTR
+            over its last steps, and by 1.1-1.2% averaged over 50 (bench/RESULTS.md). 0 or 1
+            scores the values themselves.
         learning_rate: the optimizer's step size, applied by the pservers.
         torch_threads: a trainer's intra-op threads for forward and backward; 0 = torch's
             default (one per core).
@@ -216,6 +223,7 @@ class TrainSection:
     pull_every: int = 1
     max_in_flight: int = 0
     damp_stale: bool = True
+    average_steps: int = 50
     learning_rate: float = 0.05
     # One: at the built-in models' sizes, a second intra-op thread costs more in hand-offs than
     # it saves, and the trainer's own threads (reading, pulling, committing) need the cores.
@@ -229,6 +237,7 @@ class TrainSection:
         _push_every(self.push_every)
         _int("train.pull_every", self.pull_every, 1)
         _bool("train.damp_stale", self.damp_stale)
+        _int("train.average_steps", self.average_steps, 0, 1 << 20)
         _fix(self, learning_rate=_positive("train.learning_rate", self.learning_rate))
         # A setting that cannot take effect is refused like a typo: the user believes it works.
         if sgd == "bounded" and staleness < 1:

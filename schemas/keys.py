@@ -225,6 +225,12 @@ class RedisKeys:
         param = _redis_check.name("param", param)
         return f"{self.prefix(shard)}dense:{param}:{_redis_check.integer('block', block, hi=U32_MAX)}"
 
+    def served(self, shard: int, param: str, block: int) -> str:
+        """The block as scored (`train.average_steps`: an average of its recent values);
+        written with `dense` in each round."""
+        param = _redis_check.name("param", param)
+        return f"{self.prefix(shard)}served:{param}:{_redis_check.integer('block', block, hi=U32_MAX)}"
+
     def row(self, shard: int, table: str, row_id: int) -> str:
         return f"{self.row_prefix(shard, table)}{_redis_check.integer('id', row_id, hi=U64_MAX)}"
 

@@ -1,4 +1,4 @@
-"""`streamtrain predict`: score records with the newest parameters a running job serves.
+"""`streamtrain predict`: score records with the parameters a running job serves.
 
 Records are read one per line in the job's `input.format` (for `binary`, `avro` and `protobuf`,
 whose records may hold newline bytes, each line is the record base64-encoded); blank lines are skipped. Each record is

@@ -1,4 +1,5 @@
-"""Scoring examples with the newest parameters in Redis: online inference, `streamtrain
+"""Scoring examples with the parameters served in Redis (the newest rows, and the dense
+blocks' averages over recent steps, `train.average_steps`): online inference, `streamtrain
 predict`, and the holdout evaluation of tests and the demo."""
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ class Scorer:
         self.featurizer = Featurizer(spec.fields, spec.dense_features, config.model.hash_buckets)
         self.model = build_model(config).eval()
         self.rows = RowLayout.of(self.model.tables)
-        self.sync = ParamSync(ParamClient(client, config.name, slot_map), DenseLayout(self.model), wait_s=10)
+        # The dense layers as served: averaged over recent steps (train.average_steps).
+        self.sync = ParamSync(ParamClient(client, config.name, slot_map, served=True), DenseLayout(self.model),
+                              wait_s=10)
 
     @torch.no_grad()
     def score(self, examples: Sequence[Example], batch_size: int = 4096) -> np.ndarray:

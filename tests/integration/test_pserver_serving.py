@@ -204,3 +204,17 @@ def test_a_watch_wakes_when_a_round_carries_a_newer_step_of_its_trainer_and_read
         assert watch.wait(0.2) == {1: {"t": 8, "u": 2}} and time.monotonic() - began >= 0.2
     finally:
         watch.close()
+
+
+def test_scoring_pulls_the_served_average_and_training_the_values_at_one_version(redis_conn, unique) -> None:
+    job, slot_map = unique("served"), SlotMap.uniform(128, 1)
+    state = ShardState(Adagrad(lr=0.1), average_steps=4)
+    for seq in range(3):
+        state.apply(GradientDelta(TaskRecord.make_id("in", 0, 0), seq, "t", 0, seq, 1,
+                                  dense=(DenseSlice("fc", 0, 0, np.full(4, seq + 1.0, dtype=np.float32)),)))
+    Publisher(redis_conn, job, 0).publish_all(state)
+    trained, trained_versions = ParamClient(redis_conn, job, slot_map).pull_blocks([("fc", 0)])
+    served, served_versions = ParamClient(redis_conn, job, slot_map, served=True).pull_blocks([("fc", 0)])
+    block = state.dense[("fc", 0)]
+    assert np.array_equal(trained[("fc", 0)], block.values[0]) and np.array_equal(served[("fc", 0)], block.served()[0])
+    assert not np.array_equal(served[("fc", 0)], trained[("fc", 0)]) and served_versions == trained_versions

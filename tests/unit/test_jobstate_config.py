@@ -146,6 +146,7 @@ def test_minimal_job_file_takes_every_documented_default():
             "pull_every": 1,
             "max_in_flight": 0,
             "damp_stale": True,
+            "average_steps": 50,
             "learning_rate": 0.05,
             "torch_threads": 1,
         },

@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 
 from streamtrain.jobstate.optimizers import Adagrad, Adam
-from streamtrain.pserver.checkpoint import MANIFEST, CheckpointError, CheckpointMismatchError, CheckpointStore
+from streamtrain.pserver.checkpoint import (MANIFEST, CheckpointError, CheckpointMismatchError, CheckpointStore, _restore,
+                                           _snapshot)
 from streamtrain.pserver.state import ShardState
 from streamtrain.schemas import DenseSlice, GradientDelta, SparseRows, TaskRecord
 
 
 def trained(steps: int = 3) -> ShardState:
-    state = ShardState(Adam(lr=0.01))
+    state = ShardState(Adam(lr=0.01), average_steps=2)
     rng = np.random.default_rng(0)
     for seq in range(steps):
         ids = np.unique(rng.integers(0, 500, 64).astype(np.uint64))
@@ -41,6 +42,8 @@ def test_round_trip_restores_every_array_dedup_and_offsets(tmp_path: Path) -> No
     assert np.array_equal(a.values[ra], b.values[rb]) and np.array_equal(a.steps[ra], b.steps[rb])
     assert b.updates == a.updates == 3  # Adam's clock (jobstate/optimizers.py)
     assert np.array_equal(state.dense[("fc", 0)].values, restored.state.dense[("fc", 0)].values)
+    assert np.array_equal(state.dense[("fc", 0)].served(), restored.state.dense[("fc", 0)].served())
+    assert not np.array_equal(state.dense[("fc", 0)].served(), state.dense[("fc", 0)].values)
     assert restored.state.dedup.to_json() == state.dedup.to_json()
     assert restored.state.examples == state.examples
 
@@ -119,3 +122,11 @@ def test_at_start_a_newer_checkpoint_of_the_old_slots_is_passed_over_for_one_of_
 def test_unsupported_uri_is_a_clear_error() -> None:
     with pytest.raises(CheckpointError, match="checkpoint_uri"):
         CheckpointStore("nosuchscheme://x", "job", 0)
+
+
+def test_a_checkpoint_from_before_the_served_average_serves_its_values_until_the_next_step() -> None:
+    files = _snapshot(trained())
+    restored = _restore({name: blob for name, blob in files.items() if not name.endswith(".average.npy")},
+                        Adam(lr=0.01))
+    block = restored.dense[("fc", 0)]
+    assert block.average is None and np.array_equal(block.served(), block.values)

@@ -52,12 +52,12 @@ def every_row(states: dict[int, ShardState]) -> dict[int, tuple]:
 def test_slots_move_with_their_rows_and_state_so_training_goes_on_as_if_unsharded() -> None:
     rng = np.random.default_rng(7)
     groups = [group(s, rng) for s in range(30)]
-    alone = {0: ShardState(RULE)}
+    alone = {0: ShardState(RULE, average_steps=4)}
     trained(alone, SlotMap.uniform(64, 1), groups, 0)
     two = SlotMap.uniform(64, 2)
     three = two.resized(3)
     back = three.resized(2)
-    states = {s: ShardState(RULE) for s in range(2)}
+    states = {s: ShardState(RULE, average_steps=4) for s in range(2)}
     trained(states, two, groups[:10], 0)
     states = regroup(states, two, three)  # grown by one shard
     assert sorted(states) == [0, 1, 2]
@@ -68,6 +68,7 @@ def test_slots_move_with_their_rows_and_state_so_training_goes_on_as_if_unsharde
     for key, block in alone[0].dense.items():
         (held,) = [s.dense[key] for s in states.values() if key in s.dense]
         assert np.array_equal(held.values, block.values) and held.steps[0] == block.steps[0]
+        assert np.array_equal(held.served(), block.served())
     for shard, state in states.items():
         assert all(back.shard_of_rows("emb", state.tables["emb"].ids[:state.tables["emb"].size]) == shard)
         assert state.examples_by_partition() == {"clicks:0": 300}  # every group's examples, once

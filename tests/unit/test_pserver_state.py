@@ -9,7 +9,7 @@ import torch
 
 from streamtrain.jobstate.optimizers import FTRL, Adagrad, Adam
 from streamtrain.jobstate.rows import initial_rows
-from streamtrain.pserver.state import BadDeltaError, ShardState, newest, staleness_damping
+from streamtrain.pserver.state import BadDeltaError, ShardState, average_step, newest, staleness_damping
 from streamtrain.schemas import DenseSlice, GradientDelta, SparseRows, TaskRecord
 from streamtrain.schemas.gradient import UNKNOWN_BASE
 
@@ -199,3 +199,32 @@ def test_a_rule_that_sets_values_from_its_state_is_never_damped() -> None:
             state.apply(dense_delta(seq, "ab"[seq % 2], grad, base=0))
     np.testing.assert_array_equal(damped.dense[("fc", 0)].values, full.dense[("fc", 0)].values)
     assert damped.damped == 0
+
+
+def test_the_served_average_weighs_each_new_value_one_in_average_steps() -> None:
+    average = np.zeros((1, 2), dtype=np.float32)
+    average_step(average, np.array([[4.0, -8.0]], dtype=np.float32), 4)
+    np.testing.assert_allclose(average, [[1.0, -2.0]])
+    average_step(average, np.array([[1.0, 2.0]], dtype=np.float32), 4)
+    np.testing.assert_allclose(average, [[1.0, -1.0]])
+    for steps in (0, 1):  # the newest values themselves
+        average_step(average, np.array([[3.0, 5.0]], dtype=np.float32), steps)
+        np.testing.assert_array_equal(average, [[3.0, 5.0]])
+
+
+def test_a_block_serves_the_moving_average_of_its_values_and_trains_on_the_values() -> None:
+    """The average starts where the values do (zero: what training adds) and follows every
+    step, damped ones too; the values, and so training, are as without it."""
+    rng = np.random.default_rng(14)
+    grads = [rng.standard_normal(3).astype(np.float32) for _ in range(6)]
+    averaged, plain = ShardState(Adam(lr=0.01), average_steps=3), ShardState(Adam(lr=0.01))
+    expected = np.zeros((1, 3), dtype=np.float32)
+    for seq, grad in enumerate(grads):
+        for state in (averaged, plain):
+            state.apply(dense_delta(seq, "ab"[seq % 2], grad, base=seq // 2))
+        expected += (averaged.dense[("fc", 0)].values - expected) / 3
+    block = averaged.dense[("fc", 0)]
+    np.testing.assert_array_equal(block.values, plain.dense[("fc", 0)].values)
+    np.testing.assert_allclose(block.served(), expected, rtol=1e-5)
+    assert not np.allclose(block.served(), block.values)
+    np.testing.assert_array_equal(plain.dense[("fc", 0)].served(), plain.dense[("fc", 0)].values)

@@ -61,6 +61,7 @@ def test_a_task_given_back_to_do_waits_in_todos_retry_lane_and_reads_back_as_its
 def test_redis_keys_follow_the_design_layout():
     keys = RedisKeys("ctr")
     assert keys.dense(0, "fc.weight", 3) == "st:{ctr:0}:dense:fc.weight:3"
+    assert keys.served(0, "fc.weight", 3) == "st:{ctr:0}:served:fc.weight:3"
     assert keys.row(1, "emb", 2**64 - 1) == "st:{ctr:1}:row:emb:18446744073709551615"
     assert keys.version(1) == "st:{ctr:1}:version"
 
@@ -69,7 +70,8 @@ def test_a_shards_keys_share_one_cluster_slot_and_another_shards_do_not():
     keys = RedisKeys("ctr")
 
     def of(shard: int) -> list[str]:
-        return [keys.dense(shard, "fc.weight", 3), keys.row(shard, "emb", 7), keys.version(shard),
+        return [keys.dense(shard, "fc.weight", 3), keys.served(shard, "fc.weight", 3), keys.row(shard, "emb", 7),
+                keys.version(shard),
                 keys.applied(shard), keys.rounds(shard), keys.flushed(shard), keys.stats(shard), keys.steps(shard)]
 
     assert {key_slot(k.encode()) for k in of(0)} == {key_slot(b"{ctr:0}")}
