@@ -2,7 +2,8 @@
 simulation: one process trains the WideDeep-shaped model of `bench.staleness` on the
 production workload of `bench.e2e` (Adam for the MLP, SparseAdam for the rows, lr 0.01,
 batches of 512) and scores the holdout every 10 steps over its last `10 * evals` steps, with
-the dense layers as trained and as exponential moving averages over each of `--average` steps.
+the dense layers as trained and as the shards average them (`jobstate.averages`) over each of
+`--average` steps.
 
     python -m bench.served_average [--records 1000000] [--order log|job] [--seeds 0]
                                    [--average 10,50,200] [--evals 20]
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.staleness import BATCH, BUCKETS, DIM, LR, hashed, mlp
+from streamtrain.jobstate.averages import average_step
 from streamtrain.producers.clickmodel import ClickModel, ClickModelConfig, auc
 
 TASK = 8192
@@ -87,10 +89,10 @@ def simulate(records: int, holdout: int, order: str, seed: int, averages: list[i
         second.grad = torch.sparse_coo_tensor(rows[None], r2.grad, second.shape, check_invariants=False)
         dense_opt.step()
         sparse_opt.step()
-        with torch.no_grad():  # pserver/state.py's average_step
+        with torch.no_grad():  # as a shard averages a block
             for n, average in kept.items():
                 for a, p in zip(average, dense.parameters()):
-                    a.add_(p - a, alpha=1 / n)
+                    average_step(a.numpy(), p.detach().numpy(), step + 1, n)
         if len(steps) - 1 - step < 10 * evals and (len(steps) - 1 - step) % 10 == 0:
             seen[0].append(score(list(dense.parameters())))
             for n in averages:

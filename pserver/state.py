@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from streamtrain.jobstate.averages import average_step
 from streamtrain.jobstate.optimizers import UpdateRule, is_absolute
 from streamtrain.jobstate.rows import RowTable
 from streamtrain.pserver.dedup import Dedup
@@ -36,8 +37,8 @@ class DenseBlock:
     values: np.ndarray  # (1, length) float32
     state: dict[str, np.ndarray]
     steps: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
-    # What is served (`average_step`); None: the values themselves (a block from a checkpoint
-    # of before the average, until its next step).
+    # What is scored (jobstate/averages.py); None: the values themselves (a block from a
+    # checkpoint of before the average, until its next step).
     average: np.ndarray | None = None
 
     def served(self) -> np.ndarray:
@@ -51,21 +52,6 @@ class Changes:
     # table -> the rows' values after the change, aligned with `rows` (an apply knows them:
     # its publish then need not look them up again); a table absent here is read from the state
     values: dict[str, np.ndarray] = field(default_factory=dict)
-
-
-def average_step(average: np.ndarray, values: np.ndarray, steps: int) -> None:
-    """Move the served `average` of a dense block to its new `values` in place: an exponential
-    moving average over about `steps` steps of the update rule (weight 1 / `steps` to the
-    newest); 0 or 1 serves the values themselves.
-
-    Adam at a constant learning rate keeps the output layer moving from one mini-batch to the
-    next: one process's mean prediction on the holdout moved by 4-6% of the CTR (one standard
-    deviation) over its last 200 steps, about the spread of a job's final ones. An average over
-    50 steps moved by 1.1-1.2% and scored 0.0004-0.0014 more AUC (`bench.served_average`)."""
-    if steps <= 1:
-        np.copyto(average, values)
-    else:
-        average += (values - average) * np.float32(1.0 / steps)
 
 
 def staleness_damping(steps: int, base: int) -> float:
@@ -82,7 +68,7 @@ class ShardState:
         self.rule = rule
         self.init_scale = init_scale
         self.damp_stale = damp_stale
-        self.average_steps = average_steps  # train.average_steps: what `average_step` serves
+        self.average_steps = average_steps  # train.average_steps (jobstate/averages.py)
         self._absolute = is_absolute(rule)  # FTRL: its next step sets the values from its state
         self.damped = 0  # dense steps applied at less than the full step, since this state was made
         self.tables: dict[str, RowTable] = {}
@@ -138,7 +124,7 @@ class ShardState:
             if block.average is None:
                 block.average = block.values.copy()
             else:
-                average_step(block.average, block.values, self.average_steps)
+                average_step(block.average, block.values, int(block.steps[0]), self.average_steps)
             changes.blocks.add((piece.param, piece.block))
         self.examples[delta.task_id] += delta.examples
         return changes

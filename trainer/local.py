@@ -4,7 +4,9 @@ The reference the distributed run is measured against (tests compare holdout AUC
 compares throughput): same featurizer, same model, same deterministic initial values, and
 torch.optim's version of the job's update rule (the pservers' rules equal torch.optim's; for
 Adam the tables are under torch.optim.SparseAdam, whose bias correction counts the table's
-steps as a shard's does, and the dense layers under Adam).
+steps as a shard's does, and the dense layers under Adam). It scores as a job does: the dense
+layers averaged over their last steps as a shard averages them (`train.average_steps`,
+jobstate/averages.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from streamtrain.schemas.config import JobConfig
+from streamtrain.jobstate.averages import average_step
 from streamtrain.jobstate.rows import initial_rows
 from streamtrain.schemas import Example
 from streamtrain.trainer.decoders import ChunkDecoder
@@ -52,6 +55,9 @@ class LocalTrainer:
         else:
             self.optimizers = [rule(self.model.parameters(), lr=lr), sparse_rule(self.tables.parameters(), lr=lr)]
         self.batch_size = config.model.batch_size
+        self.average_steps = config.train.average_steps
+        self.steps = 0
+        self.averages = [p.detach().clone() for p in self.model.parameters()]  # what is scored
 
     def _forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         ids = torch.from_numpy(batch.ids.astype(np.int64))
@@ -87,8 +93,19 @@ class LocalTrainer:
         F.binary_cross_entropy_with_logits(logits, labels).backward()
         for optimizer in self.optimizers:
             optimizer.step()
+        self.steps += 1
+        with torch.no_grad():
+            for average, p in zip(self.averages, self.model.parameters()):
+                average_step(average.numpy(), p.detach().numpy(), self.steps, self.average_steps)
 
     @torch.no_grad()
     def score(self, examples: Sequence[Example]) -> np.ndarray:
-        logits, _ = self._forward(self.featurizer.batch(examples))
+        trained = [p.clone() for p in self.model.parameters()]
+        for p, average in zip(self.model.parameters(), self.averages):
+            p.copy_(average)
+        try:
+            logits, _ = self._forward(self.featurizer.batch(examples))
+        finally:
+            for p, values in zip(self.model.parameters(), trained):
+                p.copy_(values)
         return torch.sigmoid(logits).numpy()

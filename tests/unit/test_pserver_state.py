@@ -9,7 +9,8 @@ import torch
 
 from streamtrain.jobstate.optimizers import FTRL, Adagrad, Adam
 from streamtrain.jobstate.rows import initial_rows
-from streamtrain.pserver.state import BadDeltaError, ShardState, average_step, newest, staleness_damping
+from streamtrain.jobstate.averages import average_weight
+from streamtrain.pserver.state import BadDeltaError, ShardState, newest, staleness_damping
 from streamtrain.schemas import DenseSlice, GradientDelta, SparseRows, TaskRecord
 from streamtrain.schemas.gradient import UNKNOWN_BASE
 
@@ -201,17 +202,6 @@ def test_a_rule_that_sets_values_from_its_state_is_never_damped() -> None:
     assert damped.damped == 0
 
 
-def test_the_served_average_weighs_each_new_value_one_in_average_steps() -> None:
-    average = np.zeros((1, 2), dtype=np.float32)
-    average_step(average, np.array([[4.0, -8.0]], dtype=np.float32), 4)
-    np.testing.assert_allclose(average, [[1.0, -2.0]])
-    average_step(average, np.array([[1.0, 2.0]], dtype=np.float32), 4)
-    np.testing.assert_allclose(average, [[1.0, -1.0]])
-    for steps in (0, 1):  # the newest values themselves
-        average_step(average, np.array([[3.0, 5.0]], dtype=np.float32), steps)
-        np.testing.assert_array_equal(average, [[3.0, 5.0]])
-
-
 def test_a_block_serves_the_moving_average_of_its_values_and_trains_on_the_values() -> None:
     """The average starts where the values do (zero: what training adds) and follows every
     step, damped ones too; the values, and so training, are as without it."""
@@ -222,7 +212,7 @@ def test_a_block_serves_the_moving_average_of_its_values_and_trains_on_the_value
     for seq, grad in enumerate(grads):
         for state in (averaged, plain):
             state.apply(dense_delta(seq, "ab"[seq % 2], grad, base=seq // 2))
-        expected += (averaged.dense[("fc", 0)].values - expected) / 3
+        expected += (averaged.dense[("fc", 0)].values - expected) * average_weight(seq + 1, 3)
     block = averaged.dense[("fc", 0)]
     np.testing.assert_array_equal(block.values, plain.dense[("fc", 0)].values)
     np.testing.assert_allclose(block.served(), expected, rtol=1e-5)
