@@ -164,6 +164,12 @@ class TaskClient:
             self._candidates = []
         return self.claim(push_every) if claim_next else None
 
+    def completed(self, task: ClaimedTask) -> bool:
+        """Whether etcd holds the task as done by this attempt: a `complete` whose reply was
+        lost (etcd's leader died under it) may have applied."""
+        entry = self._etcd.get(self.keys.task("done", task.task_id))
+        return entry is not None and entry.value == replace(task.record, deadline=None).to_json()
+
     def fail(self, task: ClaimedTask, reason: str) -> str:
         """This attempt failed: back to todo with attempt + 1, or failed after the last
         attempt. Returns the state it went to. Raises TaskLostError if it is no longer ours."""

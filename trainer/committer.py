@@ -30,7 +30,7 @@ from streamtrain.jobstate.errors import CoordinationError, TaskLostError
 from streamtrain.jobstate.tasks import ClaimedTask, TaskClient
 from streamtrain.trainer.delivery import Delivery, DeliveryError, Messages
 from streamtrain.trainer.metrics import TaskMetrics
-from streamtrain.trainer.policy import task_end
+from streamtrain.trainer.policy import COMPLETE_RETRY_S, task_end
 
 Ending = Literal["done", "lost", "failed", "released"]
 
@@ -201,11 +201,31 @@ class Committer:
             return
         committed = time.perf_counter() - started
         try:
-            self._tasks.complete(task)
+            self._complete(task)
         except (TaskLostError, CoordinationError) as exc:
             self._on_ended(Ended(task, metrics, "lost", str(exc)))
             return
         self._on_ended(Ended(task, metrics, "done", commit_s=committed))
+
+    def _complete(self, task: ClaimedTask) -> None:
+        """Complete the task, trying again while etcd does not answer (`COMPLETE_RETRY_S`).
+        Safe: the completion is a compare-and-set on the task as this attempt holds it, so a
+        try whose reply was lost but applied makes the next one's compare fail, which
+        `completed` then tells apart from a task requeued meanwhile."""
+        retried = False
+        for wait in (*COMPLETE_RETRY_S, None):
+            try:
+                self._tasks.complete(task)
+                return
+            except CoordinationError:
+                if wait is None:
+                    raise
+                time.sleep(wait)
+                retried = True
+            except TaskLostError:
+                if retried and self._tasks.completed(task):
+                    return
+                raise
 
     def _undelivered(self, task: ClaimedTask, metrics: TaskMetrics, exc: DeliveryError) -> None:
         """The task's pushes or side outputs did not go out: failed if the broker refused

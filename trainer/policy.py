@@ -20,6 +20,11 @@ from streamtrain.trainer.reader import RangeReadError
 
 REGISTRY_AWAY_S = 5.0  # a schema registry that did not answer is asked again after this
 ETCD_AWAY_S = 1.0  # etcd did not answer in time: the next claim waits this long
+# A task's completion that etcd did not answer is tried again after each of these: its outputs
+# are committed, and dropping it waited out the task's timeout (30 s by default) before a
+# redo, the longest stall of a job whose etcd leader died (its members elect another in
+# seconds).
+COMPLETE_RETRY_S = (0.5, 1.0, 2.0, 4.0)
 KAFKA_AWAY_S = 2.0  # the broker did not answer for 30 s: the next claim waits this long
 
 Ending = Literal["released", "lost", "failed"]

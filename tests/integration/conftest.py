@@ -232,11 +232,15 @@ class FakeTrainer:
         return True
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05,
+             detail: Callable[[], str] | None = None) -> None:
+    """`detail`: what the failure message adds, read when the time is up (the state a CI log
+    needs to tell why)."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}" +
+                                 (f"\n{detail()}" if detail is not None else ""))
         time.sleep(interval)
 
 

@@ -30,6 +30,17 @@ pytestmark = [pytest.mark.services, pytest.mark.slow]
 BATCH = 15_000  # records written before the first kill and after each
 
 
+def where_it_stands(job: LocalJob, written: dict[int, int]) -> str:
+    """The job's counts, and the newest warnings and errors of each of its processes."""
+    status = job.status()
+    lines = [f"examples in metrics {status.examples} of {sum(written.values())} written; queues {status.queues}"]
+    for log in sorted(job.log_dir.glob("*.log")):
+        worth = [line for line in log.read_text(errors="replace").splitlines()
+                 if any(word in line for word in ("WARNING", "ERROR", "Error", "Traceback", "lost", "fail"))]
+        lines += [f"{log.name}: {line[:300]}" for line in worth[-8:]]
+    return "\n".join(lines)
+
+
 @pytest.fixture
 def clusters(tmp_path, monkeypatch) -> Iterator[LocalServices]:
     for env in (ENV_KAFKA, ENV_ETCD, ENV_REDIS):
@@ -88,7 +99,8 @@ def test_a_job_goes_on_through_a_death_in_each_cluster(clusters, unique, tmp_pat
                 # Trained past what was written before this kill: the job went on without the node.
                 wait_for(lambda i=i: job.status().examples > i * BATCH, 120, f"training after {killed[-1]}'s death")
             wait_for(lambda: applied_exactly(client, config.name, written, topic), 120, "every example applied once")
-            wait_for(lambda: all_done(job.status(), written), 60, "each task's metrics once, no task left")
+            wait_for(lambda: all_done(job.status(), written), 60, "each task's metrics once, no task left",
+                     detail=lambda: where_it_stands(job, written))
         result = job.result
         assert result is not None and result.tasks.get("todo") == 0 and result.tasks.get("pending") == 0, result
         assert [n.split("-")[0] for n in killed] == ["kafka", "etcd", "redis"], killed

@@ -166,7 +166,10 @@ def test_dead_trainers_task_returns_to_todo_after_timeout_with_its_attempt_uncha
     live = client(etcd, config, "healthy")
     again = live.claim()
     assert again is not None and again.record.attempt == 0
+    assert not live.completed(again)
     live.complete(again)
+    # What a completion whose reply was lost looks up: done by this attempt, not the zombie's.
+    assert live.completed(again) and not dead.completed(task)
     etcd.close()
 
 

@@ -78,3 +78,50 @@ def test_one_commit_takes_the_pushes_up_to_and_including_the_first_task_end() ->
 ])
 def test_a_push_holds_the_set_mini_batches_or_about_eight_among_the_live_trainers(push_every, live, size):
     assert group_size(push_every, live) == size
+
+
+class ScriptedTasks:
+    """A task client whose completions go as scripted: "ok", "away" (etcd did not answer),
+    "applied-away" (applied, but the reply was lost) or "taken" (the compare failed)."""
+
+    def __init__(self, *script: str) -> None:
+        self.script, self.done, self.tries = list(script), False, 0
+
+    def complete(self, task) -> None:
+        self.tries += 1
+        outcome = self.script.pop(0)
+        if outcome in ("ok", "applied-away"):
+            self.done = True
+        if outcome in ("away", "applied-away"):
+            raise CoordinationError("etcd txn failed: ConnectionFailedError()")
+        if outcome == "taken":
+            raise TaskLostError("no longer held")
+
+    def completed(self, task) -> bool:
+        return self.done
+
+
+@pytest.mark.parametrize("script, outcome", [
+    (("ok",), None),
+    (("away", "away", "ok"), None),  # etcd back after a leader's election: done, not dropped
+    (("applied-away", "taken"), None),  # the lost reply had applied: done
+    (("away",) * 5, CoordinationError),  # etcd away for good: dropped, it times out
+    (("taken",), TaskLostError),  # requeued meanwhile: not ours
+    (("away", "taken"), TaskLostError),
+])
+def test_a_completion_etcd_did_not_answer_is_tried_again_and_told_apart_from_a_lost_task(
+        monkeypatch, script, outcome) -> None:
+    import streamtrain.trainer.committer as committer
+
+    monkeypatch.setattr(committer, "COMPLETE_RETRY_S", (0.0,) * 4)
+    tasks = ScriptedTasks(*script)
+    running = committer.Committer(None, tasks, lambda ended: None)
+    try:
+        if outcome is None:
+            running._complete(object())
+        else:
+            with pytest.raises(outcome):
+                running._complete(object())
+    finally:
+        running.close()
+    assert tasks.tries == len(script)
