@@ -99,7 +99,9 @@ def test_a_job_goes_on_through_a_death_in_each_cluster(clusters, unique, tmp_pat
                 # Trained past what was written before this kill: the job went on without the node.
                 wait_for(lambda i=i: job.status().examples > i * BATCH, 120, f"training after {killed[-1]}'s death")
             wait_for(lambda: applied_exactly(client, config.name, written, topic), 120, "every example applied once")
-            wait_for(lambda: all_done(job.status(), written), 60, "each task's metrics once, no task left",
+            # As long as the other waits: a task whose end's heartbeat etcd did not answer is
+            # dropped, and waits out its 30 s timeout before it is trained again.
+            wait_for(lambda: all_done(job.status(), written), 120, "each task's metrics once, no task left",
                      detail=lambda: where_it_stands(job, written))
         result = job.result
         assert result is not None and result.tasks.get("todo") == 0 and result.tasks.get("pending") == 0, result
