@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
-from streamtrain.schemas import SchemaError, TaskId, TaskRecord
+from streamtrain.schemas import PartitionCursor, SchemaError, TaskId, TaskRecord
 
 T = TypeVar("T")
 
@@ -81,3 +81,11 @@ def requeue_lost(task: TaskRecord, reason: str) -> TaskRecord:
     kills it fails the task); counted, a run of SIGKILLs and service restarts uses up tasks'
     attempts and drops their records as failed."""
     return replace(task, trainer_id=None, deadline=None, reason=reason)
+
+
+def folded(cursor: PartitionCursor | None, task: TaskRecord) -> bool:
+    """Whether the master has folded `task` into its partition's `cursor` (and deleted its done
+    key, or is about to): a task of an earlier pass, or one ending at or below what the
+    cursor's pass has trained."""
+    return cursor is not None and (task.pass_no < cursor.pass_no or
+                                   (task.pass_no == cursor.pass_no and task.end <= cursor.trained))

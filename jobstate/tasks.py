@@ -16,7 +16,7 @@ from streamtrain.jobstate import queue
 from streamtrain.jobstate.errors import TaskLostError
 from streamtrain.jobstate.etcd import (MAX_TXN_OPS, Entry, Etcd, delete_op, mod_revision_is, nested_succeeded, put_op,
                                        txn_op, value_is)
-from streamtrain.schemas import EtcdKeys, SchemaError, TaskRecord
+from streamtrain.schemas import EtcdKeys, PartitionCursor, SchemaError, TaskRecord
 
 # Trainers pick at random among the first todo tasks in claim order they last listed, so that
 # many trainers claiming at once rarely race for one key, while old tasks still go first. A
@@ -165,10 +165,19 @@ class TaskClient:
         return self.claim(push_every) if claim_next else None
 
     def completed(self, task: ClaimedTask) -> bool:
-        """Whether etcd holds the task as done by this attempt: a `complete` whose reply was
-        lost (etcd's leader died under it) may have applied."""
-        entry = self._etcd.get(self.keys.task("done", task.task_id))
-        return entry is not None and entry.value == replace(task.record, deadline=None).to_json()
+        """Whether the task is done by this attempt, as far as etcd can tell: a `complete`
+        whose reply was lost (etcd's leader died under it) may have applied. Its done key, or
+        once the master has folded that into the partition's cursor (within a poll, at the
+        head of a partition), the cursor past it and no failed key; a task another attempt
+        completed and the master folded counts too."""
+        record = task.record
+        done = self._etcd.get(self.keys.task("done", task.task_id))
+        if done is not None:
+            return done.value == replace(record, deadline=None).to_json()
+        if self._etcd.get(self.keys.task("failed", task.task_id)) is not None:
+            return False
+        cursor = self._etcd.get(self.keys.cursor(record.topic, record.partition))
+        return cursor is not None and queue.folded(PartitionCursor.from_json(cursor.value), record)
 
     def fail(self, task: ClaimedTask, reason: str) -> str:
         """This attempt failed: back to todo with attempt + 1, or failed after the last

@@ -24,7 +24,7 @@ ETCD_AWAY_S = 1.0  # etcd did not answer in time: the next claim waits this long
 # are committed, and dropping it waited out the task's timeout (30 s by default) before a
 # redo, the longest stall of a job whose etcd leader died (its members elect another in
 # seconds).
-COMPLETE_RETRY_S = (0.5, 1.0, 2.0, 4.0)
+COMPLETE_RETRY_S = (0.5, 1.0, 2.0)
 KAFKA_AWAY_S = 2.0  # the broker did not answer for 30 s: the next claim waits this long
 
 Ending = Literal["released", "lost", "failed"]

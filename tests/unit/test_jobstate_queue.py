@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from streamtrain.jobstate import queue
-from streamtrain.schemas import TaskRecord
+from streamtrain.schemas import PartitionCursor, TaskRecord
 
 
 def test_rounds_of_regroups_a_saved_queue_in_offset_order() -> None:
@@ -55,3 +55,13 @@ def test_a_task_whose_holder_was_lost_goes_back_with_its_attempt_unchanged_howev
     for _ in range(10):
         task = queue.requeue_lost(replace(task, trainer_id="t0"), "trainer t0 left")
     assert (task.attempt, task.trainer_id, task.deadline, task.reason) == (2, None, None, "trainer t0 left")
+
+
+def test_a_task_is_folded_once_its_partitions_cursor_trained_past_its_end_or_pass() -> None:
+    task = TaskRecord(TaskRecord.make_id("clicks", 0, 100, 1), "clicks", 0, 100, 200, pass_no=1)
+    cursor = PartitionCursor("clicks", 0, next=400, trained=100, origin=0, pass_no=1)
+    assert not queue.folded(None, task)
+    assert not queue.folded(cursor, task)  # trained up to its start: not yet
+    assert queue.folded(replace(cursor, trained=200), task)
+    assert queue.folded(replace(cursor, trained=0, next=0, pass_no=2), task)  # a later pass
+    assert not queue.folded(replace(cursor, trained=300, pass_no=0), task)  # its own pass is later

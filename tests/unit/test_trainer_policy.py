@@ -113,7 +113,7 @@ def test_a_completion_etcd_did_not_answer_is_tried_again_and_told_apart_from_a_l
         monkeypatch, script, outcome) -> None:
     import streamtrain.trainer.committer as committer
 
-    monkeypatch.setattr(committer, "COMPLETE_RETRY_S", (0.0,) * 4)
+    monkeypatch.setattr(committer, "COMPLETE_RETRY_S", (0.0,) * 4)  # five tries
     tasks = ScriptedTasks(*script)
     running = committer.Committer(None, tasks, lambda ended: None)
     try:
