@@ -61,9 +61,9 @@ from streamtrain.infra import Endpoints, LocalServices, Ports
 from streamtrain.infra.clients import redis_client
 from streamtrain.infra.cpus import available
 from streamtrain.infra.etcd_server import is_leader
-from streamtrain.jobstate.redisnodes import ShardNodes
+from streamtrain.params.redisnodes import ShardNodes
 from streamtrain.schemas.config import JobConfig
-from streamtrain.jobstate.errors import CoordinationError
+from streamtrain.jobstate.errors import EtcdError
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.local import trainer_args
@@ -263,7 +263,7 @@ class Probe:
     def finished(self) -> bool:
         try:
             entry = self._etcd_client().get(self.etcd_keys.state)
-        except CoordinationError:
+        except EtcdError:
             return False
         return entry is not None and JobState.from_json(entry.value).finished
 

@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from streamtrain.jobstate.optimizers import UpdateRule, make_rule
+from streamtrain.params.optimizers import UpdateRule, make_rule
 
 LR = 0.05
 EPS = 1e-10

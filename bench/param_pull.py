@@ -16,8 +16,8 @@ import numpy as np
 import redis
 
 from bench.redis_for_bench import redis_url
-from streamtrain.jobstate.optimizers import SGD
-from streamtrain.jobstate.paramstore import ParamClient
+from streamtrain.params.optimizers import SGD
+from streamtrain.params.paramstore import ParamClient
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.pserver.publisher import Publisher
 from streamtrain.pserver.state import Changes, ShardState

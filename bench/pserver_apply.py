@@ -31,8 +31,8 @@ import numpy as np
 import redis
 
 from bench.redis_for_bench import redis_url
-from streamtrain.jobstate.optimizers import Adagrad
-from streamtrain.jobstate.rows import row_view
+from streamtrain.params.optimizers import Adagrad
+from streamtrain.params.rows import row_view
 from streamtrain.pserver.dedup import Dedup
 from streamtrain.pserver.publisher import Publisher
 from streamtrain.pserver.publishing import BackgroundPublisher

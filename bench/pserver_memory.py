@@ -3,7 +3,7 @@ and their state need in theory.
 
     python -m bench.pserver_memory [--rows 10000000] [--chunk 500000] [--dim 16]
 
-Builds a `ShardState` with Adagrad (`jobstate.optimizers.make_rule`), applies deltas of
+Builds a `ShardState` with Adagrad (`params.optimizers.make_rule`), applies deltas of
 ``--chunk`` new distinct ids each (ids spread over the whole uint64 range, as hashed feature
 ids are) until ``--rows`` rows exist, and prints one JSON report: VmRSS and VmHWM from
 /proc/self/status before and after, the bytes the arrays hold (used and allocated), bytes per
@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from streamtrain.jobstate.optimizers import make_rule
+from streamtrain.params.optimizers import make_rule
 from streamtrain.pserver.state import ShardState
 from streamtrain.schemas import GradientDelta, SparseRows, TaskRecord
 

@@ -2,7 +2,7 @@
 simulation: one process trains the WideDeep-shaped model of `bench.staleness` on the
 production workload of `bench.e2e` (Adam for the MLP, SparseAdam for the rows, lr 0.01,
 batches of 512) and scores the holdout every 10 steps over its last `10 * evals` steps, with
-the dense layers as trained and as the shards average them (`jobstate.averages`) over each of
+the dense layers as trained and as the shards average them (`params.averages`) over each of
 `--average` steps.
 
     python -m bench.served_average [--records 1000000] [--order log|job] [--seeds 0]
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.staleness import BATCH, BUCKETS, DIM, LR, hashed, mlp
-from streamtrain.jobstate.averages import average_step
+from streamtrain.params.averages import average_step
 from streamtrain.producers.clickmodel import ClickModel, ClickModelConfig, auc
 
 TASK = 8192

@@ -1,6 +1,6 @@
 """A small typed layer over the etcd v3 client: ranges, transactions, leases.
 
-Every call goes through here so that client errors become `CoordinationError` at one boundary
+Every call goes through here so that client errors become `EtcdError` at one boundary
 and the rest of master/ reads as operations on keys, not on gRPC messages.
 """
 
@@ -20,7 +20,7 @@ from pyetcd import transactions as tx
 
 from streamtrain.infra import Endpoints
 from streamtrain.infra.clients import etcd_client
-from streamtrain.jobstate.errors import CoordinationError
+from streamtrain.jobstate.errors import EtcdError
 
 # etcd's default --max-txn-ops is 128; stay below it with room for the fencing compares.
 MAX_TXN_OPS = 120
@@ -44,13 +44,13 @@ def _translated(what: str) -> Iterator[None]:
     try:
         yield
     except (etcd_exc.Etcd3Exception, grpc.RpcError) as exc:
-        raise CoordinationError(f"etcd {what} failed: {exc!r}") from exc
+        raise EtcdError(f"etcd {what} failed: {exc!r}") from exc
     except ValueError as exc:
         # pyetcd marks its endpoint failed for a while after a timeout (a process frozen past
         # a call's deadline, etcd restarting) and says so with a bare ValueError.
         if "failed node" not in str(exc):
             raise
-        raise CoordinationError(f"etcd {what} failed: endpoint marked failed after an error") from exc
+        raise EtcdError(f"etcd {what} failed: endpoint marked failed after an error") from exc
 
 
 class Etcd:
@@ -71,7 +71,7 @@ class Etcd:
             try:
                 with _translated(what):
                     return call()
-            except CoordinationError as exc:
+            except EtcdError as exc:
                 if attempt + 1 == self._members or not isinstance(exc.__cause__, etcd_exc.ConnectionFailedError):
                     raise
         raise AssertionError("unreachable")
@@ -181,7 +181,7 @@ class Lease:
                 if self._etcd._refresh(self.raw) <= 0:
                     self.lost.set()
                     return
-            except CoordinationError:
+            except EtcdError:
                 continue  # a blip; the TTL still covers us until it does not
 
     def stop_keepalive(self) -> None:
@@ -194,7 +194,7 @@ class Lease:
         try:
             with _translated("lease revoke"):
                 self.raw.revoke()
-        except CoordinationError:
+        except EtcdError:
             pass  # it expires by itself
 
 

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from streamtrain.schemas.config import JobConfig
-from streamtrain.jobstate.errors import MasterError, NoFreeIndexError
+from streamtrain.jobstate.errors import CoordinationError, NoFreeIndexError
 from streamtrain.jobstate.etcd import Etcd, Lease, absent, put_op
 from streamtrain.jobstate.predecessors import remove_if_gone, this_holder
 from streamtrain.schemas import EtcdKeys, Holder
@@ -24,12 +24,12 @@ def read_job_config(etcd: Etcd, job: str) -> JobConfig:
     """The config the job's master stored: what every trainer and pserver runs by.
 
     Raises:
-        MasterError: no master has published the job yet.
+        CoordinationError: no master has published the job yet.
         JobConfigError: the stored config does not validate.
     """
     entry = etcd.get(EtcdKeys(job).config)
     if entry is None:
-        raise MasterError(f"job {job!r} has no config in etcd yet: start its master first")
+        raise CoordinationError(f"job {job!r} has no config in etcd yet: start its master first")
     return JobConfig.from_json(entry.value, source=EtcdKeys(job).config)
 
 
@@ -38,7 +38,7 @@ def wait_for_job_config(etcd: Etcd, job: str, stop: threading.Event, log: loggin
     while not stop.is_set():
         try:
             return read_job_config(etcd, job)
-        except MasterError as exc:
+        except CoordinationError as exc:
             log.info("%s; waiting", exc)
             stop.wait(1.0)
     return None

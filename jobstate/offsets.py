@@ -14,14 +14,14 @@ from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from streamtrain.infra import Endpoints
-from streamtrain.jobstate.errors import MasterError
+from streamtrain.jobstate.errors import CoordinationError
 
 _quiet = logging.getLogger("streamtrain.kafka-admin")
 
 Partition = tuple[str, int]
 
 
-class InputUnavailableError(MasterError):
+class InputUnavailableError(CoordinationError):
     """An input topic is missing or its partitions did not answer; the master retries."""
 
 

@@ -15,7 +15,7 @@ import threading
 
 from pyetcd import transactions as tx
 
-from streamtrain.jobstate.errors import CoordinationError, NotLeaderError
+from streamtrain.jobstate.errors import EtcdError, NotLeaderError
 from streamtrain.jobstate.etcd import Compare, Etcd, Lease, Op, absent, create_revision_is, nested_succeeded, put_op, txn_op
 from streamtrain.jobstate.predecessors import remove_if_gone
 
@@ -93,7 +93,7 @@ class LeaderLock:
             return
         try:
             self._etcd.txn([self.fence()], [tx.Delete(self.key)])
-        except CoordinationError as exc:  # etcd away: the lease ends the lock by itself
+        except EtcdError as exc:  # etcd away: the lease ends the lock by itself
             log.warning("releasing %s failed: %s; its lease will end it", self.key, exc)
         finally:
             if self._lease is not None:

@@ -24,9 +24,9 @@ from streamtrain.infra import Endpoints
 from streamtrain.jobstate import queue
 from streamtrain.jobstate.checkpoints import restore_batches
 from streamtrain.schemas.config import JobConfig
-from streamtrain.jobstate.errors import CoordinationError, LayoutChangedError
+from streamtrain.jobstate.errors import EtcdError, LayoutChangedError
 from streamtrain.jobstate.etcd import MAX_TXN_OPS, Entry, Etcd, Op, absent, delete_op, mod_revision_is, put_op
-from streamtrain.jobstate.observability import MasterMetrics
+from streamtrain.infra.metrics import MasterMetrics
 from streamtrain.jobstate.offsets import InputOffsets, InputUnavailableError, Partition
 from streamtrain.jobstate.predecessors import this_holder
 from streamtrain.jobstate.sharding import SlotMap
@@ -135,7 +135,7 @@ class Master:
                     self.step()
                 except InputUnavailableError as exc:
                     log.warning("%s; retrying", exc)
-                except CoordinationError as exc:  # etcd away: the lock's lease decides who leads
+                except EtcdError as exc:  # etcd away: the lock's lease decides who leads
                     # A write that failed may still have been applied (etcd killed before it
                     # answered), and a round may have stopped between two writes: the cursors
                     # held here are read again before the next write. Kept, a fold applied

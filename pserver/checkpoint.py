@@ -22,8 +22,8 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from streamtrain.jobstate.checkpoints import new_checkpoint_id
-from streamtrain.jobstate.optimizers import UpdateRule
-from streamtrain.jobstate.rows import RowTable
+from streamtrain.params.optimizers import UpdateRule
+from streamtrain.params.rows import RowTable
 from streamtrain.pserver.dedup import Dedup
 from streamtrain.pserver.state import DenseBlock, ShardState
 from streamtrain.schemas import (CheckpointManifest, ExampleCounts, FileEntry, SavedBlock, SavedTable, SchemaError, StateIndex,

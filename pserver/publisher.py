@@ -1,4 +1,4 @@
-"""A shard's side of its parameters in Redis (the keys and streams: jobstate/paramstore.py):
+"""A shard's side of its parameters in Redis (the keys and streams: params/paramstore.py):
 each round appends the rows it changed to the shard's rounds stream and writes the dense blocks;
 a flush every `FLUSH_EVERY_S` (up to `FLUSH_BUSY_S` under load) writes the rows changed since
 the last one to their keys, each once. Writing every round's rows to their keys was two thirds
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 import redis
 
-from streamtrain.jobstate import resp
-from streamtrain.jobstate.paramstore import ROUNDS_FIELD, ROUNDS_KEPT, flush_mark, stream_id
-from streamtrain.jobstate.redisnodes import Client, ShardNodes, moved
-from streamtrain.jobstate.rows import distinct
+from streamtrain.params import resp
+from streamtrain.params.paramstore import ROUNDS_FIELD, ROUNDS_KEPT, flush_mark, stream_id
+from streamtrain.params.redisnodes import Client, ShardNodes, moved
+from streamtrain.params.rows import distinct
 from streamtrain.pserver.state import Changes, DenseBlock, ShardState
 from streamtrain.schemas import (AppliedSteps, FlushMark, ParamBlock, PublishedRound, RedisKeys, RoundRows,
                                 encode_rows_matrix)
@@ -88,7 +88,7 @@ class Snapshot:
 class Publisher:
     def __init__(self, client: Client, job: str, shard: int) -> None:
         """`client`: a single Redis's or a Redis Cluster's; every key of the shard is on one
-        node (schemas.RedisKeys), which gets the shard's writes (jobstate/redisnodes.py)."""
+        node (schemas.RedisKeys), which gets the shard's writes (params/redisnodes.py)."""
         self._nodes = ShardNodes(client, job)
         self._keys = RedisKeys(job)
         self.shard = shard

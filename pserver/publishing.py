@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import redis
 
-from streamtrain.jobstate.rows import distinct
+from streamtrain.params.rows import distinct
 from streamtrain.pserver.publisher import Publisher, Snapshot
 from streamtrain.pserver.state import Changes, ShardState, newest
 

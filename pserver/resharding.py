@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from streamtrain.jobstate.rows import RowTable
+from streamtrain.params.rows import RowTable
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.pserver.dedup import Dedup
 from streamtrain.pserver.state import DenseBlock, ShardState

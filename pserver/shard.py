@@ -36,11 +36,11 @@ import redis
 from streamtrain.infra import Endpoints
 from streamtrain.infra.clients import redis_client
 from streamtrain.schemas.config import JobConfig
-from streamtrain.jobstate.errors import CoordinationError, MasterError
+from streamtrain.jobstate.errors import EtcdError, CoordinationError
 from streamtrain.jobstate.etcd import Etcd, Lease
 from streamtrain.jobstate.membership import register_pserver, wait_for_job_config
-from streamtrain.jobstate.observability import PserverMetrics
-from streamtrain.jobstate.optimizers import make_rule
+from streamtrain.infra.metrics import PserverMetrics
+from streamtrain.params.optimizers import make_rule
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.pserver.barrier import StepBarrier
 from streamtrain.pserver.control import Schedule, fold_ready
@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 UNPUBLISH_BATCH = 1000  # keys per SCAN page and per UNLINK when a shard that left deletes its keys
 
 
-class ShardLostError(MasterError):
+class ShardLostError(CoordinationError):
     """The shard's lease expired (frozen or cut off from etcd): another process may hold its
     index now, so this one must stop; a supervisor restarts it and it recovers."""
 
@@ -187,7 +187,7 @@ class PserverShard:
         grads = self.storage.gradient_log(config, index)
         slots_entry = etcd.get(self.keys.slots)
         if slots_entry is None:
-            raise MasterError(f"job {config.name!r} has no slot map in etcd: start its master first")
+            raise CoordinationError(f"job {config.name!r} has no slot map in etcd: start its master first")
         slot_map = SlotMap.from_json(slots_entry.value)
         rule = make_rule(config.pservers.optimizer, lr=config.train.learning_rate)
         store = self.storage.checkpoint_store(config, index)
@@ -280,7 +280,7 @@ class PserverShard:
         try:
             step()
             return True
-        except (CoordinationError, redis.ConnectionError, redis.TimeoutError) as exc:
+        except (EtcdError, redis.ConnectionError, redis.TimeoutError) as exc:
             log.warning("shard %d: %s; trying again later", self.index, exc)
             return False
 

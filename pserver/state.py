@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from streamtrain.jobstate.averages import average_step
-from streamtrain.jobstate.optimizers import UpdateRule, is_absolute
-from streamtrain.jobstate.rows import RowTable
+from streamtrain.params.averages import average_step
+from streamtrain.params.optimizers import UpdateRule, is_absolute
+from streamtrain.params.rows import RowTable
 from streamtrain.pserver.dedup import Dedup
 from streamtrain.schemas import GradientDelta, StreamtrainError, TaskRecord, partition_label
 
@@ -37,7 +37,7 @@ class DenseBlock:
     values: np.ndarray  # (1, length) float32
     state: dict[str, np.ndarray]
     steps: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
-    # What is scored (jobstate/averages.py); None: the values themselves (a block from a
+    # What is scored (params/averages.py); None: the values themselves (a block from a
     # checkpoint of before the average, until its next step).
     average: np.ndarray | None = None
 
@@ -68,7 +68,7 @@ class ShardState:
         self.rule = rule
         self.init_scale = init_scale
         self.damp_stale = damp_stale
-        self.average_steps = average_steps  # train.average_steps (jobstate/averages.py)
+        self.average_steps = average_steps  # train.average_steps (params/averages.py)
         self._absolute = is_absolute(rule)  # FTRL: its next step sets the values from its state
         self.damped = 0  # dense steps applied at less than the full step, since this state was made
         self.tables: dict[str, RowTable] = {}

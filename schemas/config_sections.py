@@ -207,7 +207,7 @@ class TrainSection:
         average_steps: what is scored (`streamtrain predict`, online inference) is, for the
             dense layers, an exponential moving average of their values over about this many
             steps of the update rule, or early on the last tenth of the steps taken
-            (jobstate/averages.py); trainers train on the
+            (params/averages.py); trainers train on the
             values themselves. Adam at a constant learning rate moves the output layer from
             one mini-batch to the next: one process's mean prediction moved by 4-6% of the CTR
             over its last steps, and by 1.1-1.2% averaged over 50 (bench/RESULTS.md). 0 or 1

@@ -163,7 +163,7 @@ MetricsPortOpt = Annotated[Optional[int], typer.Option(
 
 
 def _serve_metrics(port: int | None, process: str, ready: Callable[[], bool] = lambda: True) -> None:
-    from streamtrain.jobstate.observability import serve_metrics
+    from streamtrain.infra.metrics import serve_metrics
 
     bound = serve_metrics(port or 0, ready=ready)
     logging.getLogger(f"streamtrain.{process}").info(
@@ -203,7 +203,7 @@ def master_cmd(
 ) -> None:
     """Run the job's master: waits as standby until it holds the lock, then slices and
     dispatches. Exits 3 when it loses the lock (a supervisor restarts it as a standby)."""
-    from streamtrain.jobstate.errors import LayoutChangedError, MasterError, NotLeaderError
+    from streamtrain.jobstate.errors import LayoutChangedError, CoordinationError, NotLeaderError
     from streamtrain.jobstate.etcd import Etcd
     from streamtrain.master.service import Master
 
@@ -221,7 +221,7 @@ def master_cmd(
     except LayoutChangedError as exc:  # the job file's fault: as a bad job file's
         logging.getLogger("streamtrain.master").error("%s", exc)
         raise typer.Exit(2) from exc
-    except MasterError as exc:
+    except CoordinationError as exc:
         logging.getLogger("streamtrain.master").error("%s", exc)
         raise typer.Exit(1) from exc
     finally:
@@ -244,8 +244,8 @@ def pserver_cmd(
 ) -> None:
     """Run one parameter-server shard: recover from its newest checkpoint, replay its gradient
     topic, then apply and serve. Exits 3 if it loses its lease (a supervisor restarts it)."""
-    from streamtrain.jobstate.errors import MasterError
-    from streamtrain.jobstate.optimizers import UpdateRuleError
+    from streamtrain.jobstate.errors import CoordinationError
+    from streamtrain.params.optimizers import UpdateRuleError
     from streamtrain.pserver.checkpoint import CheckpointError
     from streamtrain.pserver.shard import PserverShard, ShardLostError, ShardOptions
 
@@ -260,7 +260,7 @@ def pserver_cmd(
     except ShardLostError as exc:
         log.error("%s", exc)
         raise typer.Exit(3) from exc
-    except (MasterError, CheckpointError, UpdateRuleError) as exc:
+    except (CoordinationError, CheckpointError, UpdateRuleError) as exc:
         log.error("%s", exc)
         raise typer.Exit(1) from exc
 
@@ -287,7 +287,7 @@ def trainer_cmd(
     from rich.markup import escape
 
     from streamtrain.infra import cpus as cpu_affinity
-    from streamtrain.jobstate.errors import MasterError
+    from streamtrain.jobstate.errors import CoordinationError
     from streamtrain.trainer.worker import Trainer
 
     _setup_logging(verbose)
@@ -302,7 +302,7 @@ def trainer_cmd(
     _serve_metrics(metrics_port, "trainer", ready=lambda: trainer.registered)
     try:
         trainer.run(stop, max_tasks)
-    except MasterError as exc:
+    except CoordinationError as exc:
         logging.getLogger("streamtrain.trainer").error("%s", exc)
         raise typer.Exit(1) from exc
 

@@ -72,7 +72,7 @@ class JobMonitor:
         from streamtrain.infra.clients import redis_client
         from streamtrain.jobstate.etcd import Etcd
         from streamtrain.jobstate.offsets import InputOffsets
-        from streamtrain.jobstate.redisnodes import ShardNodes
+        from streamtrain.params.redisnodes import ShardNodes
         from streamtrain.schemas import Topics
 
         self.job = job

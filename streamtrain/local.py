@@ -33,7 +33,7 @@ from streamtrain.infra import Endpoints, InfraError
 from streamtrain.infra.cpus import available, share
 from streamtrain.infra.endpoints import state_home
 from streamtrain.schemas.config import JobConfig
-from streamtrain.jobstate.errors import CoordinationError
+from streamtrain.jobstate.errors import EtcdError
 from streamtrain.schemas import StreamtrainError
 from streamtrain.supervisor import Supervisor, pid_alive
 
@@ -139,7 +139,7 @@ class LocalJob:
             except BaseException:
                 etcd.close()
                 raise
-        except CoordinationError as exc:
+        except EtcdError as exc:
             raise InfraError(f"etcd at {self.endpoints.etcd}: {exc}") from exc
         if settled.pservers.count != self.config.pservers.count:
             self.note(resized_note(self.name, slot_map, self.config.pservers.count))
@@ -239,7 +239,7 @@ class LocalJob:
         keys = EtcdKeys(self.name)
         try:
             entry = self._etcd.get(keys.ps_desired)
-        except CoordinationError:
+        except EtcdError:
             return  # etcd away: the shards ride it out, and so does their count
         if entry is None:
             return
@@ -296,7 +296,7 @@ class LocalJob:
             try:
                 if self.state() == "finished":
                     return True
-            except CoordinationError:
+            except EtcdError:
                 pass  # etcd away or electing a leader: the job's processes ride it out, so do we
             left = poll_s if deadline is None else min(poll_s, deadline - time.monotonic())
             if left <= 0 or stop.wait(left):

@@ -51,7 +51,7 @@ class Predictor:
         """Returns the predictor and the Redis client it scores through (close it when done)."""
         from streamtrain.infra.clients import redis_client
         from streamtrain.schemas.config import JobConfigError
-        from streamtrain.jobstate.errors import MasterError
+        from streamtrain.jobstate.errors import CoordinationError
         from streamtrain.jobstate.etcd import Etcd
         from streamtrain.jobstate.membership import read_job_config
         from streamtrain.jobstate.sharding import SlotMap
@@ -61,7 +61,7 @@ class Predictor:
         try:
             try:
                 config = read_job_config(etcd, job)
-            except (MasterError, JobConfigError) as exc:
+            except (CoordinationError, JobConfigError) as exc:
                 raise PredictError(str(exc)) from exc
             slots = etcd.get(EtcdKeys(job).slots)
             if slots is None:
@@ -112,7 +112,7 @@ class Predictor:
         return example
 
     def _score(self, batch: list[tuple[int, object]]) -> Iterator[Result]:
-        from streamtrain.jobstate.paramstore import ParamsUnavailableError
+        from streamtrain.params.paramstore import ParamsUnavailableError
 
         examples = [item for _, item in batch if not isinstance(item, str)]
         try:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from streamtrain.jobstate import checkpoints as cut
 from streamtrain.jobstate.etcd import Etcd, mod_revision_is, put_op
-from streamtrain.jobstate.optimizers import make_rule
+from streamtrain.params.optimizers import make_rule
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.pserver.resharding import regroup
 from streamtrain.pserver.storage import ShardStorage

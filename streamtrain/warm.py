@@ -35,7 +35,7 @@ from pathlib import Path
 PRELOAD = (
     "streamtrain.warm_server",  # first: the server's own session and signals (its docstring)
     "torch",  # most of it
-    "streamtrain.jobstate.optimizer_kernels",  # numba, the shards' update rules
+    "streamtrain.params.optimizer_kernels",  # numba, the shards' update rules
     "streamtrain.master.service",
     "streamtrain.pserver.shard",
     "streamtrain.trainer.worker",

@@ -20,14 +20,14 @@ import torch
 from streamtrain.infra import Endpoints
 from streamtrain.infra.clients import redis_client
 from streamtrain.schemas.config import JobConfig
-from streamtrain.jobstate.errors import MasterError
+from streamtrain.jobstate.errors import CoordinationError
 from streamtrain.jobstate.etcd import Etcd
-from streamtrain.jobstate.observability import TrainerMetrics
-from streamtrain.jobstate.optimizers import make_rule
-from streamtrain.jobstate.paramstore import ParamClient
+from streamtrain.infra.metrics import TrainerMetrics
+from streamtrain.params.optimizers import make_rule
+from streamtrain.params.paramstore import ParamClient
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.jobstate.tasks import TaskClient
-from streamtrain.jobstate.watches import AppliedWatch
+from streamtrain.params.watches import AppliedWatch
 from streamtrain.schemas import EtcdKeys, Topics
 from streamtrain.trainer.broker import Broker
 from streamtrain.trainer.committer import Committer, Ended
@@ -93,7 +93,7 @@ def assemble(config: JobConfig, trainer_id: str, *, etcd: Etcd, redis_conn: redi
     `endpoints`; `ended`: called on the committer's thread as each task ends.
 
     Raises:
-        MasterError: the job has no slot map (its master never started).
+        CoordinationError: the job has no slot map (its master never started).
     """
     topics = Topics(config.name)
     tasks = TaskClient.for_job(etcd, config.name, trainer_id)
@@ -154,11 +154,11 @@ def slot_map_of(etcd: Etcd, job: str) -> tuple[SlotMap, int]:
     """The job's slot map and the etcd revision it was written at.
 
     Raises:
-        MasterError: the job has no slot map (its master never started).
+        CoordinationError: the job has no slot map (its master never started).
     """
     slots = etcd.get(EtcdKeys(job).slots)
     if slots is None:
-        raise MasterError(f"job {job!r} has no slot map in etcd: start its master first")
+        raise CoordinationError(f"job {job!r} has no slot map in etcd: start its master first")
     return SlotMap.from_json(slots.value), slots.mod_revision
 
 

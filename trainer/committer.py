@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from streamtrain.jobstate.errors import CoordinationError, TaskLostError
+from streamtrain.jobstate.errors import EtcdError, TaskLostError
 from streamtrain.jobstate.tasks import ClaimedTask, TaskClient
 from streamtrain.trainer.delivery import Delivery, DeliveryError, Messages
 from streamtrain.trainer.metrics import TaskMetrics
@@ -179,7 +179,7 @@ class Committer:
             try:
                 # A zombie learns here that its task was requeued, before completing it.
                 task = self._tasks.heartbeat(task)
-            except (TaskLostError, CoordinationError) as exc:
+            except (TaskLostError, EtcdError) as exc:
                 # Not ours any more, or etcd unreachable for a moment (then it times out and is
                 # requeued if it still was): the groups handed before still go out below.
                 items = items[:-1]
@@ -202,7 +202,7 @@ class Committer:
         committed = time.perf_counter() - started
         try:
             self._complete(task)
-        except (TaskLostError, CoordinationError) as exc:
+        except (TaskLostError, EtcdError) as exc:
             self._on_ended(Ended(task, metrics, "lost", str(exc)))
             return
         self._on_ended(Ended(task, metrics, "done", commit_s=committed))
@@ -217,7 +217,7 @@ class Committer:
             try:
                 self._tasks.complete(task)
                 return
-            except CoordinationError:
+            except EtcdError:
                 if wait is None:
                     raise
                 time.sleep(wait)
@@ -238,6 +238,6 @@ class Committer:
                 self._tasks.fail(task, str(exc))
             else:
                 self._tasks.release(task, behind=end.behind)
-        except (TaskLostError, CoordinationError):
+        except (TaskLostError, EtcdError):
             pass
         self._on_ended(Ended(task, metrics, end.ending, str(exc)))

@@ -30,7 +30,7 @@ from contextlib import closing
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from streamtrain.jobstate.errors import CoordinationError, TaskLostError
+from streamtrain.jobstate.errors import EtcdError, TaskLostError
 from streamtrain.jobstate.tasks import ClaimedTask
 
 log = logging.getLogger(__name__)
@@ -158,7 +158,7 @@ class TaskFeed:
     def _claim_next(self) -> ClaimedTask | None:
         try:
             task = self._claim()
-        except CoordinationError as exc:
+        except EtcdError as exc:
             log.warning("task feed: %s; retrying", exc)
             self._closing.wait(1.0)
             return None
@@ -213,5 +213,5 @@ class TaskFeed:
                     # Requeued already; beaten "never", so the trainer's own heartbeat finds
                     # that as it begins the task, and drops it.
                     self._beats[task.task_id] = (self._latest(task), -math.inf)
-                except CoordinationError as exc:
+                except EtcdError as exc:
                     log.warning("task feed: heartbeat of %s: %s; retrying", task.task_id, exc)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from streamtrain.schemas.config import JobConfig
-from streamtrain.jobstate.observability import TrainerMetrics
+from streamtrain.infra.metrics import TrainerMetrics
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.trainer.features import Batch, pool
 from streamtrain.trainer.metrics import TaskMetrics

@@ -6,7 +6,7 @@ torch.optim's version of the job's update rule (the pservers' rules equal torch.
 Adam the tables are under torch.optim.SparseAdam, whose bias correction counts the table's
 steps as a shard's does, and the dense layers under Adam). It scores as a job does: the dense
 layers averaged over their last steps as a shard averages them (`train.average_steps`,
-jobstate/averages.py).
+params/averages.py).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from streamtrain.schemas.config import JobConfig
-from streamtrain.jobstate.averages import average_step
-from streamtrain.jobstate.rows import initial_rows
+from streamtrain.params.averages import average_step
+from streamtrain.params.rows import initial_rows
 from streamtrain.schemas import Example
 from streamtrain.trainer.decoders import ChunkDecoder
 from streamtrain.trainer.features import Batch, Featurizer, MiniBatches, pool

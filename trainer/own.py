@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from streamtrain.jobstate.optimizers import UpdateRule
-from streamtrain.jobstate.rows import RowTable
+from streamtrain.params.optimizers import UpdateRule
+from streamtrain.params.rows import RowTable
 
 Block = tuple[str, int]
 

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from streamtrain.jobstate.paramstore import ParamClient, ParamsUnavailableError, PendingPull, Pull
-from streamtrain.jobstate.rows import row_view
+from streamtrain.params.paramstore import ParamClient, ParamsUnavailableError, PendingPull, Pull
+from streamtrain.params.rows import row_view
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.schemas import DenseSlice, GradientDelta, SparseRows
 from streamtrain.trainer.own import OwnPushes

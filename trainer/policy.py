@@ -11,8 +11,8 @@ import redis
 from confluent_kafka import KafkaException
 
 from streamtrain.infra.schema_registry import RegistryUnavailableError
-from streamtrain.jobstate.errors import CoordinationError, TaskLostError
-from streamtrain.jobstate.paramstore import ParamsUnavailableError
+from streamtrain.jobstate.errors import EtcdError, TaskLostError
+from streamtrain.params.paramstore import ParamsUnavailableError
 from streamtrain.schemas import StreamtrainError
 from streamtrain.trainer.delivery import DeliveryError
 from streamtrain.trainer.loader import LoaderDiedTwiceError
@@ -78,7 +78,7 @@ def task_end(exc: BaseException) -> TaskEnd | None:
         return TaskEnd("released", REGISTRY_AWAY_S, "giving the task back")
     if isinstance(exc, TaskLostError):
         return TaskEnd("lost")
-    if isinstance(exc, CoordinationError):
+    if isinstance(exc, EtcdError):
         # etcd unreachable for a moment (or this process was frozen past a call's deadline):
         # drop the task; it times out and is requeued if it was still ours.
         return TaskEnd("lost", ETCD_AWAY_S, "dropping the task in hand")

@@ -3,7 +3,7 @@
 Reading a row from its Redis key costs Redis a lookup and a reply and the trainer a parse,
 for every row of every mini-batch (3.5 rows a record in the e2e workload), and most rows a
 trainer reads have changed a moment ago. So it follows each shard's rounds stream
-(jobstate/paramstore.py): a round carries the rows it changed with their new values, and the
+(params/paramstore.py): a round carries the rows it changed with their new values, and the
 trainer holds every one of them. A pull reads from the keys only rows the copy does not hold.
 
 Why the copy and the keys together are current: the keys are written by a flush every so
@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from streamtrain.jobstate.paramstore import Round
+from streamtrain.params.paramstore import Round
 from streamtrain.schemas import FlushMark
-from streamtrain.jobstate.rows import IdIndex, row_view
+from streamtrain.params.rows import IdIndex, row_view
 from streamtrain.schemas import PublishedRound
 
 START = b"0-0"  # a stream position before every entry

@@ -11,7 +11,7 @@ import redis
 import torch
 
 from streamtrain.schemas.config import JobConfig
-from streamtrain.jobstate.paramstore import ParamClient
+from streamtrain.params.paramstore import ParamClient
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.schemas import Example
 from streamtrain.trainer.features import Featurizer, pool

@@ -26,8 +26,8 @@ from collections.abc import Callable
 
 import redis
 
-from streamtrain.jobstate.redisnodes import Client, ShardNodes
-from streamtrain.jobstate.watches import ChannelWatch
+from streamtrain.params.redisnodes import Client, ShardNodes
+from streamtrain.params.watches import ChannelWatch
 from streamtrain.schemas import BarrierSteps, RedisKeys
 from streamtrain.trainer.own import OwnPushes
 
@@ -154,7 +154,7 @@ class InFlight:
 
     `await_applied(timeout_s)` waits up to `timeout_s` for the shards' next publish rounds and
     returns the newest `applied` ({shard: {trainer id: step}}) they announced
-    (`jobstate.watches.AppliedWatch.wait`): the trainer sleeps until a round lands instead of
+    (`params.watches.AppliedWatch.wait`): the trainer sleeps until a round lands instead of
     polling."""
 
     def __init__(self, limit: int, await_applied: Callable[[float], dict[int, dict[str, int]]],

@@ -32,7 +32,7 @@ from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.errors import TaskLostError
 from streamtrain.jobstate.etcd import Etcd, Lease
 from streamtrain.jobstate.membership import register_trainer, wait_for_job_config
-from streamtrain.jobstate.observability import TrainerMetrics
+from streamtrain.infra.metrics import TrainerMetrics
 from streamtrain.jobstate.tasks import ClaimedTask
 from streamtrain.schemas import DeadLetter, EtcdKeys
 from streamtrain.trainer.assembly import TrainerParts, assemble, resharded

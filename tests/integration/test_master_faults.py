@@ -13,7 +13,7 @@ import pytest
 
 from conftest import (FakeTrainer, MasterProcess, MasterThread, assert_exact_cover, cursors, job_config,
                       leader_name, produce, stable_ends, wait_for, write_job_file)
-from streamtrain.jobstate.errors import CoordinationError, NotLeaderError
+from streamtrain.jobstate.errors import EtcdError, NotLeaderError
 from streamtrain.jobstate.etcd import Etcd, put_op
 from streamtrain.jobstate.tasks import TaskClient
 from streamtrain.master.service import Master
@@ -164,7 +164,7 @@ class AnswerLost(Etcd):
         result = super().txn(compare, success, failure)
         if not self.lost and any("/tasks/done/" in str(getattr(op, "key", "")) for op in success):
             self.lost = True
-            raise CoordinationError("txn: etcd went away before it answered")
+            raise EtcdError("txn: etcd went away before it answered")
         return result
 
 

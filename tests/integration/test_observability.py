@@ -12,8 +12,8 @@ from confluent_kafka import Producer
 from conftest import wait_for
 from streamtrain.curves import write_curves
 from streamtrain.jobstate.etcd import Etcd
-from streamtrain.jobstate.observability import scrape as scrape_url
-from streamtrain.jobstate.observability import serve_metrics
+from streamtrain.infra.metrics import scrape as scrape_url
+from streamtrain.infra.metrics import serve_metrics
 from streamtrain.schemas import TaskReport, Topics
 from test_trainer import MODEL, Background, finished, make_job, run_job, write_examples
 

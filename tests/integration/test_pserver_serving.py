@@ -9,10 +9,10 @@ import pytest
 import redis
 import torch
 
-from streamtrain.jobstate.optimizers import Adagrad
-from streamtrain.jobstate.paramstore import ParamClient, ParamsUnavailableError
+from streamtrain.params.optimizers import Adagrad
+from streamtrain.params.paramstore import ParamClient, ParamsUnavailableError
 from streamtrain.jobstate.sharding import SlotMap
-from streamtrain.jobstate.watches import AppliedWatch
+from streamtrain.params.watches import AppliedWatch
 from streamtrain.pserver.publisher import Publisher, Snapshot
 from streamtrain.pserver.state import Changes, ShardState
 from streamtrain.schemas import DenseSlice, GradientDelta, RedisKeys, SparseRows, TaskRecord

@@ -11,7 +11,7 @@ import pytest
 from conftest import wait_for
 from streamtrain.infra import LocalServices, Ports
 from streamtrain.infra.clients import TopicSpec, ensure_topics, redis_client
-from streamtrain.jobstate.errors import CoordinationError
+from streamtrain.jobstate.errors import EtcdError
 from streamtrain.jobstate.etcd import Etcd
 from test_trainer import MODEL, Background, applied_exactly, finished, make_job, run_job, write_examples
 
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.services, pytest.mark.slow]
 def finished_or_away(etcd: Etcd, job: str) -> bool:
     try:
         return finished(etcd, job)
-    except CoordinationError:  # this test's own client meets etcd away too
+    except EtcdError:  # this test's own client meets etcd away too
         return False
 
 

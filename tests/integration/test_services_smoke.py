@@ -97,7 +97,7 @@ def test_an_etcd_client_of_several_members_fails_over_past_one_that_is_down(serv
     import socket
     from dataclasses import replace
 
-    from streamtrain.jobstate.errors import CoordinationError
+    from streamtrain.jobstate.errors import EtcdError
     from streamtrain.jobstate.etcd import Etcd
 
     with socket.socket() as s:  # a port nothing listens on: a member that is down
@@ -110,7 +110,7 @@ def test_an_etcd_client_of_several_members_fails_over_past_one_that_is_down(serv
         try:
             etcd.put(key, value)
             return True
-        except CoordinationError:  # the member that is down, if it was tried first: marked failed
+        except EtcdError:  # the member that is down, if it was tried first: marked failed
             return False
 
     try:

@@ -82,7 +82,7 @@ def test_a_failed_etcd_member_is_left_for_the_next_even_after_its_retry_interval
 def test_a_read_tries_every_member_once_before_it_fails() -> None:
     from streamtrain.infra import Endpoints
     from streamtrain.infra.clients import etcd_client
-    from streamtrain.jobstate.errors import CoordinationError
+    from streamtrain.jobstate.errors import EtcdError
     from streamtrain.jobstate.etcd import Etcd
 
     # Nothing listens on these ports: a one-shot reader (the CLI, a scorer) must not be failed
@@ -93,7 +93,7 @@ def test_a_read_tries_every_member_once_before_it_fails() -> None:
     fetch = client.get
     client.get = lambda key: (tried.append(client._current_endpoint_label), fetch(key))[1]
     etcd = Etcd(client)
-    with pytest.raises(CoordinationError, match="get /k"):
+    with pytest.raises(EtcdError, match="get /k"):
         etcd.get("/k")
     assert sorted(tried) == ["127.0.0.1:11", "127.0.0.1:13", "127.0.0.1:9"]
     etcd.close()

@@ -16,6 +16,7 @@ LAYERS = (
     ("schemas",),
     ("infra",),
     ("jobstate",),
+    ("params",),
     ("master", "pserver", "trainer"),
     ("producers",),
     ("streamtrain",),

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamtrain.jobstate.optimizers import Adagrad, Adam
+from streamtrain.params.optimizers import Adagrad, Adam
 from streamtrain.pserver.checkpoint import (MANIFEST, CheckpointError, CheckpointMismatchError, CheckpointStore, _restore,
                                            _snapshot)
 from streamtrain.pserver.state import ShardState
@@ -40,7 +40,7 @@ def test_round_trip_restores_every_array_dedup_and_offsets(tmp_path: Path) -> No
     for name in ("exp_avg", "exp_avg_sq"):
         assert np.array_equal(a.state[name][ra], b.state[name][rb])
     assert np.array_equal(a.values[ra], b.values[rb]) and np.array_equal(a.steps[ra], b.steps[rb])
-    assert b.updates == a.updates == 3  # Adam's clock (jobstate/optimizers.py)
+    assert b.updates == a.updates == 3  # Adam's clock (params/optimizers.py)
     assert np.array_equal(state.dense[("fc", 0)].values, restored.state.dense[("fc", 0)].values)
     assert np.array_equal(state.dense[("fc", 0)].served(), restored.state.dense[("fc", 0)].served())
     assert not np.array_equal(state.dense[("fc", 0)].served(), state.dense[("fc", 0)].values)

@@ -5,8 +5,8 @@ import threading
 import numpy as np
 import pytest
 
-from streamtrain.jobstate.optimizers import SGD
-from streamtrain.jobstate.paramstore import stream_id
+from streamtrain.params.optimizers import SGD
+from streamtrain.params.paramstore import stream_id
 from streamtrain.schemas import FlushMark
 from streamtrain.pserver.publisher import (FLUSH_BUSY_S, FLUSH_EVERY_S, FLUSH_KEYS_PER_S, FLUSH_MAX_ROUNDS,
                                           FLUSH_MAX_ROWS, Publisher, flush_due, flushed_through)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streamtrain.jobstate.optimizers import Adagrad, Adam
+from streamtrain.params.optimizers import Adagrad, Adam
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.pserver.resharding import NotACutError, regroup
 from streamtrain.pserver.state import ShardState

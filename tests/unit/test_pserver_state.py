@@ -7,9 +7,9 @@ import pytest
 
 import torch
 
-from streamtrain.jobstate.optimizers import FTRL, Adagrad, Adam
-from streamtrain.jobstate.rows import initial_rows
-from streamtrain.jobstate.averages import average_weight
+from streamtrain.params.optimizers import FTRL, Adagrad, Adam
+from streamtrain.params.rows import initial_rows
+from streamtrain.params.averages import average_weight
 from streamtrain.pserver.state import BadDeltaError, ShardState, newest, staleness_damping
 from streamtrain.schemas import DenseSlice, GradientDelta, SparseRows, TaskRecord
 from streamtrain.schemas.gradient import UNKNOWN_BASE

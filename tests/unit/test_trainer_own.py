@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamtrain.jobstate.optimizers import make_rule
+from streamtrain.params.optimizers import make_rule
 from streamtrain.trainer.committer import Committer, Ended
 from streamtrain.trainer.delivery import DeliveryError
 from streamtrain.trainer.own import OwnPushes, OwnRows, RowChange, clock_floor

@@ -8,8 +8,8 @@ import redis
 from confluent_kafka import KafkaException
 
 from streamtrain.infra.schema_registry import RegistryUnavailableError
-from streamtrain.jobstate.errors import CoordinationError, TaskLostError
-from streamtrain.jobstate.paramstore import ParamsUnavailableError
+from streamtrain.jobstate.errors import EtcdError, TaskLostError
+from streamtrain.params.paramstore import ParamsUnavailableError
 from streamtrain.trainer.committer import one_commit
 from streamtrain.trainer.delivery import DeliveryBroken, DeliveryError
 from streamtrain.trainer.loader import LoaderDiedTwiceError, LoaderError
@@ -23,7 +23,7 @@ from streamtrain.trainer.reader import RangeReadError
     (ParamsUnavailableError([1], retry_after=0.7), TaskEnd("released", 0.7, "giving the task back")),
     (RegistryUnavailableError("registry away"), TaskEnd("released", REGISTRY_AWAY_S, "giving the task back")),
     (TaskLostError("claimed by another"), TaskEnd("lost")),  # not ours: nothing to give back
-    (CoordinationError("etcd away"), TaskEnd("lost", ETCD_AWAY_S, "dropping the task in hand")),
+    (EtcdError("etcd away"), TaskEnd("lost", ETCD_AWAY_S, "dropping the task in hand")),
     # The broker away: no attempt counted, or its restarts would use tasks' attempts up.
     # Behind the tasks waiting: only its partition may be away, and first in line it would hold
     # up every trainer in turn.
@@ -93,7 +93,7 @@ class ScriptedTasks:
         if outcome in ("ok", "applied-away"):
             self.done = True
         if outcome in ("away", "applied-away"):
-            raise CoordinationError("etcd txn failed: ConnectionFailedError()")
+            raise EtcdError("etcd txn failed: ConnectionFailedError()")
         if outcome == "taken":
             raise TaskLostError("no longer held")
 
@@ -105,7 +105,7 @@ class ScriptedTasks:
     (("ok",), None),
     (("away", "away", "ok"), None),  # etcd back after a leader's election: done, not dropped
     (("applied-away", "taken"), None),  # the lost reply had applied: done
-    (("away",) * 5, CoordinationError),  # etcd away for good: dropped, it times out
+    (("away",) * 5, EtcdError),  # etcd away for good: dropped, it times out
     (("taken",), TaskLostError),  # requeued meanwhile: not ours
     (("away", "taken"), TaskLostError),
 ])

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamtrain.jobstate.paramstore import ParamsUnavailableError, Pull
+from streamtrain.params.paramstore import ParamsUnavailableError, Pull
 from streamtrain.schemas import FlushMark
 from streamtrain.schemas import PublishedRound, RoundRows
 from streamtrain.trainer.params import DenseLayout, ParamSync

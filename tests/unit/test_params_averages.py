@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streamtrain.jobstate.averages import WARM_UP, average_step, average_weight
+from streamtrain.params.averages import WARM_UP, average_step, average_weight
 
 
 @pytest.mark.parametrize("step, steps, weight", [

@@ -9,8 +9,8 @@ from prometheus_client import CollectorRegistry
 
 from streamtrain.curves import Curves
 from streamtrain.schemas import ShardStats, TaskReport
-from streamtrain.jobstate.observability import scrape as scrape_url
-from streamtrain.jobstate.observability import (PORT_ENV, MasterMetrics, PserverMetrics, TrainerMetrics, metrics_port,
+from streamtrain.infra.metrics import scrape as scrape_url
+from streamtrain.infra.metrics import (PORT_ENV, MasterMetrics, PserverMetrics, TrainerMetrics, metrics_port,
                                                 serve_metrics)
 
 
@@ -146,7 +146,7 @@ def test_metric_families_are_made_under_a_lock() -> None:
     """Two trainers started at once in one process both found the families missing, and the
     second registration raised DuplicateTimeseries: making them must hold the lock that the
     check for them takes."""
-    from streamtrain.jobstate import observability
+    from streamtrain.infra import metrics as observability
 
     held = []
     assert observability._get("test-lock", lambda: held.append(observability._families_lock.locked()) or 1) == 1

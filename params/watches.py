@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import redis
 
-from streamtrain.jobstate.redisnodes import Client, ShardNodes, moved
+from streamtrain.params.redisnodes import Client, ShardNodes, moved
 from streamtrain.schemas import AppliedSteps, RedisKeys
 
 

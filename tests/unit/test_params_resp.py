@@ -8,7 +8,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from redis.connection import Connection
 
-from streamtrain.jobstate import resp
+from streamtrain.params import resp
 from streamtrain.schemas import encode_rows, encode_rows_matrix
 
 

@@ -1,6 +1,6 @@
-"""Compiled passes over rows that are not update rules (those are jobstate/optimizer_kernels.py):
-a Redis command's keys and values written as RESP bulk strings (jobstate/resp.py), and rows'
-initial values (jobstate/rows.py). Imported at first use: numba's import is about a second
+"""Compiled passes over rows that are not update rules (those are params/optimizer_kernels.py):
+a Redis command's keys and values written as RESP bulk strings (params/resp.py), and rows'
+initial values (params/rows.py). Imported at first use: numba's import is about a second
 of a process's start (docs/dependencies.md)."""
 
 from __future__ import annotations

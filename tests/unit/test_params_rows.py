@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamtrain.jobstate.optimizers import make_rule
-from streamtrain.jobstate.rows import DIRECT_IDS, IdIndex, RowTable, distinct, initial_rows
+from streamtrain.params.optimizers import make_rule
+from streamtrain.params.rows import DIRECT_IDS, IdIndex, RowTable, distinct, initial_rows
 from streamtrain.jobstate.sharding import mix64, name_salt
 
 
@@ -111,7 +111,7 @@ def test_rows_updated_in_place_equal_the_gathered_copies_path(spec: str) -> None
 
 
 def test_a_subclass_of_a_built_in_that_overrides_apply_is_applied_by_its_apply() -> None:
-    from streamtrain.jobstate.optimizers import SGD
+    from streamtrain.params.optimizers import SGD
 
     class Doubled(SGD):
         def apply(self, rows, grads, state, steps) -> None:

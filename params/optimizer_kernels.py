@@ -1,4 +1,4 @@
-"""The built-in update rules' compiled kernels (jobstate/optimizers.py): one numba pass per
+"""The built-in update rules' compiled kernels (params/optimizers.py): one numba pass per
 gradient batch over the rows it touches, where they live."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 shard's hash-tag slot (schemas.RedisKeys puts every key of a shard in one slot).
 
 Pulls and publishes write their commands straight onto a node's connection, laid out in
-bulk (jobstate/resp.py), so they need that node's client, not a cluster client that routes
+bulk (params/resp.py), so they need that node's client, not a cluster client that routes
 command by command. A node that moved or died (MOVED, ASK, a failover, a refused connection)
 is found again with `forget`: the next `node` reads the cluster's slots afresh.
 """

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamtrain.jobstate.optimizers import (
+from streamtrain.params.optimizers import (
                                              FTRL,
                                              SGD,
                                              Adagrad,

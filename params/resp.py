@@ -29,7 +29,7 @@ def _args(prefix: bytes, ids: np.ndarray, values: np.ndarray) -> bytes:
 def _packer():
     # Imported at the first command: numba's import is about a second of a process's start,
     # which the CLI and the tools that never pull rows need not pay (docs/dependencies.md).
-    from streamtrain.jobstate.kernels import pack
+    from streamtrain.params.kernels import pack
     return pack
 
 

@@ -52,7 +52,7 @@ def _kernels() -> ModuleType:
     Kept in a global: an import statement per update cost a shard 2% of its CPU."""
     global _KERNELS
     if _KERNELS is None:
-        from streamtrain.jobstate import optimizer_kernels
+        from streamtrain.params import optimizer_kernels
 
         _KERNELS = optimizer_kernels
     return _KERNELS
@@ -425,7 +425,7 @@ def _check_rule(spec: str, rule: object) -> None:
     if missing:
         raise UpdateRuleError(f"{spec}: returned {type(rule).__name__}, which has no "
                               f"{', '.join(missing)}; an update rule needs name, state_names "
-                              "and apply (jobstate.optimizers.UpdateRule)")
+                              "and apply (params.optimizers.UpdateRule)")
     name, state_names = getattr(rule, "name"), getattr(rule, "state_names")
     if not isinstance(name, str) or not name:
         raise UpdateRuleError(f"{spec}: name must be a non-empty string, got {name!r}")

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import redis
 
-from streamtrain.jobstate import resp
-from streamtrain.jobstate.redisnodes import Client, ShardNodes, moved
-from streamtrain.jobstate.rows import initial_rows, row_view
+from streamtrain.params import resp
+from streamtrain.params.redisnodes import Client, ShardNodes, moved
+from streamtrain.params.rows import initial_rows, row_view
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.schemas import (AppliedSteps, FlushMark, ParamBlock, PublishedRound, RedisKeys, SchemaError,
                                 StreamtrainError, decode_rows)
@@ -85,7 +85,7 @@ class ParamClient:
 
     def __init__(self, client: Client, job: str, slot_map: SlotMap, init_scale: float = 0.01,
                  served: bool = False) -> None:
-        """`client`: a single Redis's or a Redis Cluster's (jobstate/redisnodes.py). `served`:
+        """`client`: a single Redis's or a Redis Cluster's (params/redisnodes.py). `served`:
         dense blocks as scored (`RedisKeys.served`, for inference), not as trained."""
         self.nodes = ShardNodes(client, job)
         self._keys = RedisKeys(job)

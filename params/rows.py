@@ -12,7 +12,7 @@ import functools
 
 import numpy as np
 
-from streamtrain.jobstate.optimizers import UpdateRule, clock_of, in_place
+from streamtrain.params.optimizers import UpdateRule, clock_of, in_place
 from streamtrain.jobstate.sharding import mix64, name_salt
 
 _EMPTY = np.uint64(0)  # slot marker in `_keys`; real ids are stored as id + 1 (see _slot_key)
@@ -134,7 +134,7 @@ def distinct(ids: np.ndarray) -> np.ndarray:
 def initial_rows(table: str, ids: np.ndarray, dim: int, scale: float) -> np.ndarray:
     """Uniform in [-scale, scale), a pure function of (table, id, column): the top 24 bits
     (exact in float32) of splitmix64 of `(id ^ salt(table)) * dim + column`, scaled in
-    float32 (one compiled pass, jobstate/kernels.py)."""
+    float32 (one compiled pass, params/kernels.py)."""
     out = np.empty((len(ids), dim), dtype=np.float32)
     _kernels().initial_rows(np.asarray(ids, dtype=np.uint64), name_salt(table), float(scale), out)
     return out
@@ -142,7 +142,7 @@ def initial_rows(table: str, ids: np.ndarray, dim: int, scale: float) -> np.ndar
 
 @functools.cache
 def _kernels():
-    from streamtrain.jobstate import kernels  # numba: imported at first use (docs/dependencies.md)
+    from streamtrain.params import kernels  # numba: imported at first use (docs/dependencies.md)
     return kernels
 
 
@@ -158,9 +158,9 @@ class RowTable:
         self.ids = np.zeros(capacity, dtype=np.uint64)
         self.values = np.zeros((capacity, dim), dtype=np.float32)
         self.steps = np.zeros(capacity, dtype=np.int64)
-        self.updates = 0  # applies to the table: the "table" clock (jobstate/optimizers.py)
+        self.updates = 0  # applies to the table: the "table" clock (params/optimizers.py)
         # Update rules start from zero state and set their own start values on a row's first
-        # update (steps == 0), see jobstate/optimizers.py.
+        # update (steps == 0), see params/optimizers.py.
         self.state = {n: np.zeros((capacity, dim), dtype=np.float32) for n in state_names}
         self.size = 0
 
