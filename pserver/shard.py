@@ -183,7 +183,7 @@ class PserverShard:
         index = self.index
         metrics = PserverMetrics.for_shard(config.name, index)
         # Sync mode waits at a step barrier; bounded mode only reports trainers' steps.
-        self.barrier = StepBarrier(sync=config.train.sgd == "sync")
+        self.barrier = StepBarrier(sync=config.train.sgd.holds_at_barrier)
         grads = self.storage.gradient_log(config, index)
         slots_entry = etcd.get(self.keys.slots)
         if slots_entry is None:
@@ -291,7 +291,7 @@ class PserverShard:
     def _consume(self, timeout: float) -> None:
         parts = self.parts
         publishing = parts.publishing
-        note_steps = parts.config.train.sgd != "async"
+        note_steps = parts.config.train.sgd.waits_on_steps
         for delta, offset in parts.grads.read(self.state.check, timeout=timeout):
             for ready in self.barrier.offer(delta, offset):
                 self._apply_delta(ready, publishing)
@@ -323,7 +323,7 @@ class PserverShard:
     def _release(self) -> None:
         """Barrier housekeeping: who is still a live trainer, and what that releases."""
         parts = self.parts
-        if not self.barrier.sync and parts.config.train.sgd != "bounded":
+        if not parts.config.train.sgd.waits_on_steps:  # the barrier holds (sync) or reports (bounded)
             return
         self.barrier.live = {self.keys.trainer_of(e.key)
                              for e in parts.etcd.range(self.keys.trainers_prefix, keys_only=True)}

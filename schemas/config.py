@@ -23,8 +23,8 @@ from typing import Any
 
 from streamtrain.schemas.config_rules import _JSON_VERSION, CsvColumn, JobConfigError, _fix, _show
 from streamtrain.schemas.config_sections import (_KEYS, _SECTIONS, InputSection, JobSection, KafkaSection,
-                                                  MasterSection, ModelSection, PserversSection, TasksSection,
-                                                  TrainSection)
+                                                  MasterSection, ModelSection, PserversSection, SgdMode,
+                                                  TasksSection, TrainSection)
 from streamtrain.schemas.fields import DeclaredFields
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "MasterSection",
     "ModelSection",
     "PserversSection",
+    "SgdMode",
     "TasksSection",
     "TrainSection",
 ]
@@ -178,6 +179,8 @@ def _section_dict(section: object) -> dict[str, Any]:
             continue
         if isinstance(value, DeclaredFields):
             out[f.name] = value.to_dict()
+        elif isinstance(value, SgdMode):  # plain data: the string the job file holds
+            out[f.name] = value.value
         else:
             out[f.name] = [str(item) for item in value] if isinstance(value, tuple) else value
     return out

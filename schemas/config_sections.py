@@ -4,6 +4,7 @@ is built (config_rules.py). Internal to schemas/config.py, which re-exports them
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from enum import StrEnum
 
 from streamtrain.schemas.config_rules import (_JOB, _REGISTERED, _URI, _URL, CsvColumn, JobConfigError, _bool, _choice,
                                                _csv_columns, _fix, _int, _positive, _push_every, _ref, _show, _topics)
@@ -169,13 +170,54 @@ def _field_names(key: str, value: object) -> tuple[str, ...]:
     return tuple(value)
 
 
+class SgdMode(StrEnum):
+    """``train.sgd``: how trainers and shards keep in step. A ``StrEnum``, so the job file, the
+    JSON in etcd and comparisons with the plain strings are unchanged; code asks the
+    predicates below, never the name.
+
+    ``async``: shards apply deltas as they arrive; a trainer bounds only its own pushes not yet
+    published (``train.max_in_flight``). ``sync``: shards hold step k's deltas until every live
+    trainer's step k arrived (pserver/barrier.py). ``bounded``: shards apply at once; a trainer
+    waits until its own step is published and while it is more than ``train.staleness`` steps
+    ahead of the slowest (trainer/steps.py).
+    """
+
+    ASYNC = "async"
+    SYNC = "sync"
+    BOUNDED = "bounded"
+
+    @property
+    def holds_at_barrier(self) -> bool:
+        """Shards hold a step's deltas at a barrier until every live trainer's copy of that
+        step arrived (sync); the trainer's steps then start at the barrier's step."""
+        return self is SgdMode.SYNC
+
+    @property
+    def waits_on_steps(self) -> bool:
+        """Shards keep and publish every trainer's steps (`BarrierSteps`) and a trainer waits
+        on them after each push (`trainer.steps.StepGate`): sync and bounded."""
+        return self is not SgdMode.ASYNC
+
+    @property
+    def limits_in_flight(self) -> bool:
+        """A trainer waits only for its own pushes, while more than `train.max_in_flight` are
+        unpublished (`trainer.steps.InFlight`): async, the one mode that setting applies to."""
+        return self is SgdMode.ASYNC
+
+    @property
+    def bounds_staleness(self) -> bool:
+        """`train.staleness` bounds how far a trainer runs ahead of the slowest: bounded."""
+        return self is SgdMode.BOUNDED
+
+
 @dataclass(frozen=True)
 class TrainSection:
     """``[train]``: how trainers and pservers exchange gradients and parameters.
 
     Attributes:
         sgd: ``async``, ``sync`` (pservers apply step k once every live trainer's step k
-            arrived) or ``bounded`` (a trainer more than ``staleness`` steps ahead waits).
+            arrived) or ``bounded`` (a trainer more than ``staleness`` steps ahead waits); a
+            plain string is taken and stored as its `SgdMode`.
         staleness: the bound for ``sgd = "bounded"`` (>= 1 there, 0 otherwise).
         delivery: either way the deltas are produced as they are made and each pserver
             applies each ``(task_id, seq)`` once, so every example reaches every parameter
@@ -217,7 +259,7 @@ class TrainSection:
             default (one per core).
     """
 
-    sgd: str = "async"
+    sgd: SgdMode = SgdMode.ASYNC
     staleness: int = 0
     delivery: str = "exactly_once"
     push_every: int | str = "auto"
@@ -231,7 +273,8 @@ class TrainSection:
     torch_threads: int = 1
 
     def __post_init__(self) -> None:
-        sgd = _choice("train.sgd", self.sgd, ("async", "sync", "bounded"))
+        sgd = SgdMode(_choice("train.sgd", self.sgd, tuple(SgdMode)))
+        _fix(self, sgd=sgd)
         _int("train.torch_threads", self.torch_threads, 0)
         staleness = _int("train.staleness", self.staleness, 0)
         _choice("train.delivery", self.delivery, ("exactly_once", "at_least_once"))
@@ -241,15 +284,15 @@ class TrainSection:
         _int("train.average_steps", self.average_steps, 0, 1 << 20)
         _fix(self, learning_rate=_positive("train.learning_rate", self.learning_rate))
         # A setting that cannot take effect is refused like a typo: the user believes it works.
-        if sgd == "bounded" and staleness < 1:
+        if sgd.bounds_staleness and staleness < 1:
             reason = f"must be an integer >= 1 when train.sgd = 'bounded', got {staleness}"
             raise JobConfigError("train.staleness", reason)
-        if sgd != "bounded" and staleness != 0:
-            reason = f"only applies when train.sgd = 'bounded' (it is {sgd!r}); remove it"
+        if not sgd.bounds_staleness and staleness != 0:
+            reason = f"only applies when train.sgd = 'bounded' (it is {sgd.value!r}); remove it"
             raise JobConfigError("train.staleness", reason)
         max_in_flight = _int("train.max_in_flight", self.max_in_flight, 0, 255)  # OwnPushes keeps 256
-        if sgd != "async" and max_in_flight != 0:
-            reason = f"only applies when train.sgd = 'async' (it is {sgd!r}, which waits its own way); remove it"
+        if not sgd.limits_in_flight and max_in_flight != 0:
+            reason = f"only applies when train.sgd = 'async' (it is {sgd.value!r}, which waits its own way); remove it"
             raise JobConfigError("train.max_in_flight", reason)
 
 

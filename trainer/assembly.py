@@ -182,7 +182,7 @@ def _sharded(config: JobConfig, trainer_id: str, slot_map: SlotMap, revision: in
     applied_watch = AppliedWatch(redis_conn, config.name, shards, trainer_id)
     in_flight = InFlight(config.train.max_in_flight, applied_watch.wait, trainer_id,
                          max_wait_s=max(1.0, config.tasks.timeout_s / 3)
-                         ) if config.train.sgd == "async" else None
+                         ) if config.train.sgd.limits_in_flight else None
     first_step = gate.first_step() if gate.active else own.first_step(client.applied(), clock_floor(time.time()))
     return ShardedParts(slot_map=slot_map, revision=revision, buffer=buffer, own=own, groups=groups, gate=gate,
                         applied_watch=applied_watch, in_flight=in_flight, first_step=first_step)

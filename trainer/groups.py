@@ -31,13 +31,13 @@ def estimates_dense(config: JobConfig) -> bool:
     them that times out then trains without their estimates.) "auto" may group, so it does."""
     train = config.train
     return not (train.push_every == 1 and train.pull_every == 1 and (
-        train.sgd == "sync" or (train.sgd == "async" and train.max_in_flight == 0)))
+        train.sgd.holds_at_barrier or (train.sgd.limits_in_flight and train.max_in_flight == 0)))
 
 
 def rows_in_flight(config: JobConfig) -> bool:
     """Whether a push's row changes are kept for later pulls: only if a later pull may miss
     them (async pushes left in flight)."""
-    return config.train.sgd == "async" and config.train.max_in_flight > 0
+    return config.train.sgd.limits_in_flight and config.train.max_in_flight > 0
 
 
 class GroupTrainer:

@@ -29,13 +29,14 @@ import redis
 from streamtrain.params.redisnodes import Client, ShardNodes
 from streamtrain.params.watches import ChannelWatch
 from streamtrain.schemas import BarrierSteps, RedisKeys
+from streamtrain.schemas.config import SgdMode
 from streamtrain.trainer.own import OwnPushes
 
 log = logging.getLogger(__name__)
 
 
 class StepGate:
-    def __init__(self, client: Client, job: str, shards: int, mode: str, staleness: int,
+    def __init__(self, client: Client, job: str, shards: int, mode: SgdMode, staleness: int,
                  trainer_id: str, max_wait_s: float) -> None:
         self._nodes = ShardNodes(client, job)
         keys = RedisKeys(job)
@@ -49,7 +50,7 @@ class StepGate:
 
     @property
     def active(self) -> bool:
-        return self.mode in ("sync", "bounded")
+        return self.mode.waits_on_steps
 
     def _read(self) -> list[BarrierSteps]:
         return [s or BarrierSteps() for s in self._read_each()]
@@ -117,20 +118,20 @@ class StepGate:
         self._written.close()
 
 
-def joining_step(mode: str, steps: list[BarrierSteps], trainer_id: str) -> int:
+def joining_step(mode: SgdMode, steps: list[BarrierSteps], trainer_id: str) -> int:
     """The first step of trainer `trainer_id` joining (or coming back) given the shards'
     `BarrierSteps`: sync, the step the barrier releases next; bounded, the slowest trainer's
     step, which would otherwise wait for the newcomer to catch up, and past every step the
     shards remember of this trainer's predecessor (a step at or below it would read as visible
     at once, `next_step`)."""
-    if mode == "sync":
+    if mode.holds_at_barrier:
         return min((s.next for s in steps), default=0)
     slowest = min((v for s in steps for v in s.trainers.values()), default=-1)
     own = max((s.trainers.get(trainer_id, -1) for s in steps), default=-1)
     return max(slowest, own) + 1
 
 
-def next_step(mode: str, step: int, steps: list[BarrierSteps], trainer_id: str, staleness: int) -> int | None:
+def next_step(mode: SgdMode, step: int, steps: list[BarrierSteps], trainer_id: str, staleness: int) -> int | None:
     """The step to go on with after pushing `step`, or None to wait, given each shard's
     `BarrierSteps` (`next`, the step it releases next, and `trainers`, each trainer's newest
     step it has made visible).
@@ -141,7 +142,7 @@ def next_step(mode: str, step: int, steps: list[BarrierSteps], trainer_id: str, 
     (only the steps of the push being made are estimated, trainer/own.py): with four trainers allowed two own pushes
     unseen, a WideDeep job fell 0.025-0.028 AUC behind one process (bench/RESULTS.md).
     """
-    if mode == "sync":
+    if mode.holds_at_barrier:
         released = min(s.next for s in steps)
         return max(step + 1, released) if released > step else None
     own = min(s.trainers.get(trainer_id, -1) for s in steps)

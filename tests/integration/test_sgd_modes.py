@@ -15,6 +15,7 @@ from streamtrain.jobstate.etcd import Etcd
 from streamtrain.master.service import Master
 from streamtrain.pserver.shard import PserverShard, ShardOptions
 from streamtrain.schemas import BarrierSteps, EtcdKeys, RedisKeys
+from streamtrain.schemas.config import SgdMode
 from test_trainer import (MODEL, Background, applied_exactly, finished, make_job, shard_stats,
                           trainer_process, write_examples)
 from streamtrain.trainer.steps import StepGate
@@ -117,7 +118,7 @@ def test_a_gated_trainer_joins_once_every_shard_has_written_its_steps(redis_conn
     at once while the shards remember its predecessor's newer one."""
     job = unique("join")
     keys = RedisKeys(job)
-    gate = StepGate(redis_conn, job, 2, "bounded", 2, "t2", max_wait_s=5)  # joining anew
+    gate = StepGate(redis_conn, job, 2, SgdMode.BOUNDED, 2, "t2", max_wait_s=5)  # joining anew
     redis_conn.set(keys.steps(0), BarrierSteps(0, {"t0": 40, "t1": 37}).to_json())
     writer = threading.Timer(0.5, lambda: redis_conn.set(keys.steps(1), BarrierSteps(0, {"t0": 41, "t1": 30}).to_json()))
     began = time.monotonic()

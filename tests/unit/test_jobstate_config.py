@@ -17,6 +17,7 @@ from streamtrain.schemas.config import (
                                          MasterSection,
                                          ModelSection,
                                          PserversSection,
+                                         SgdMode,
                                          TasksSection,
                                          TrainSection,
                                          )
@@ -346,6 +347,22 @@ def test_max_in_flight_is_for_async_only():
     err = rejected(with_keys(train={"sgd": "bounded", "staleness": 2, "max_in_flight": 2}))
     assert err.key == "train.max_in_flight" and "async" in err.reason
 
+
+@pytest.mark.parametrize("name, barrier, steps, in_flight, staleness", [
+    ("async", False, False, True, False),
+    ("sync", True, True, False, False),
+    ("bounded", False, True, False, True),
+])
+def test_the_sgd_mode_is_read_as_an_enum_and_stored_as_its_string(name, barrier, steps, in_flight, staleness):
+    train = {"sgd": name, "staleness": 2} if name == "bounded" else {"sgd": name}
+    config = JobConfig.from_toml(to_toml(with_keys(train=train)))
+    mode = config.train.sgd
+    assert mode is SgdMode(name) and mode == name
+    assert (mode.holds_at_barrier, mode.waits_on_steps, mode.limits_in_flight, mode.bounds_staleness) == (
+        barrier, steps, in_flight, staleness)
+    assert config.to_dict()["train"]["sgd"] == name and type(config.to_dict()["train"]["sgd"]) is str
+    assert json.loads(config.to_json())["train"]["sgd"] == name
+    assert TrainSection(**train).sgd is mode
 
 def test_a_removed_key_is_refused_with_what_became_of_it():
     err = rejected(with_keys(train={"commit_every": 1}))
