@@ -19,7 +19,7 @@ from bench.redis_for_bench import redis_url
 from streamtrain.params.optimizers import SGD
 from streamtrain.params.paramstore import ParamClient
 from streamtrain.jobstate.sharding import SlotMap
-from streamtrain.pserver.publisher import Publisher
+from streamtrain.pserver.redis_rounds import Publisher
 from streamtrain.pserver.state import Changes, ShardState
 from streamtrain.schemas import RedisKeys
 

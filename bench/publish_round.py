@@ -20,7 +20,7 @@ import numpy as np
 import redis
 
 from bench.redis_for_bench import redis_url
-from streamtrain.pserver.publisher import Publisher, Snapshot
+from streamtrain.pserver.redis_rounds import Publisher, Snapshot
 
 SHAPES = 50  # distinct rounds, cycled
 

@@ -5,7 +5,7 @@ committed transaction left off.
 
 The parts: the decisions, what to cut, fold, requeue, how a cut is packed into transactions,
 when a pass ends, are pure functions in plan.py; the lock and the writes fenced on it are
-leader.py's; the job-wide checkpoints are checkpoints.py's. This module reads etcd and Kafka
+leader.py's; the job-wide checkpoints are checkpoint_schedule.py's. This module reads etcd and Kafka
 each round and applies the decisions.
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 from streamtrain.infra import Endpoints
 from streamtrain.jobstate import queue
-from streamtrain.jobstate.checkpoints import restore_batches
+from streamtrain.jobstate.job_checkpoints import restore_batches
 from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.errors import EtcdError, LayoutChangedError
 from streamtrain.jobstate.etcd import MAX_TXN_OPS, Entry, Etcd, Op, absent, delete_op, mod_revision_is, put_op
@@ -31,7 +31,7 @@ from streamtrain.jobstate.offsets import InputOffsets, InputUnavailableError, Pa
 from streamtrain.jobstate.predecessors import this_holder
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.master import plan
-from streamtrain.master.checkpoints import PeriodicCheckpoints
+from streamtrain.master.checkpoint_schedule import PeriodicCheckpoints
 from streamtrain.master.leader import LeaderLock
 from streamtrain.schemas import (ROLLBACK_PAUSE, EtcdKeys, JobState, PartitionCursor, PauseRequest, RollbackRequest,
                                  SchemaError, TaskRecord)

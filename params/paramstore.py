@@ -1,4 +1,4 @@
-"""Parameters in Redis: what a shard publishes there (pserver/publisher.py) and `ParamClient`,
+"""Parameters in Redis: what a shard publishes there (pserver/redis_rounds.py) and `ParamClient`,
 which pulls them for trainers and online inference.
 
 Keys (schemas.RedisKeys): one value per sparse row (`st:{<job>:<shard>}:row:<table>:<id>`), two per dense
@@ -13,7 +13,7 @@ retry rather than handed initial values.
 Each round is appended, rows and values in one `PublishedRound`, to the shard's rounds stream
 (`st:{<job>:<shard>}:rounds`, the newest `ROUNDS_KEPT` or so), and the dense blocks are written
 at once. The row keys are written less often: a flush every so often
-(`pserver.publisher.flush_due`) writes the rows changed since the last one, each once, and
+(`pserver.redis_rounds.flush_due`) writes the rows changed since the last one, each once, and
 marks its round in `st:{<job>:<shard>}:flushed`. A trainer follows the streams from a
 flush on (trainer/replica.py): it holds every row a round changed since, so the keys it reads
 are rows no round has changed since the flush, whose keys are current. Readers of the keys

@@ -4,16 +4,16 @@ Start-up is recovery: take the shard index in etcd, load the newest complete che
 the gradient topic to the offset it saved, replay up to the last stable offset seen at start
 (publishing nothing meanwhile), then publish every row and block and serve. Every row, unless
 Redis's keys still hold the checkpoint's rows (its predecessor flushed them, and nothing reset
-the keys since): then only the rows the replay changed (publishing.py `resume`). Replaying is
+the keys since): then only the rows the replay changed (publish_thread.py `resume`). Replaying is
 the same code path as serving, so a restarted shard ends where an unkilled one would: the same
 deltas in the same total order (one partition per shard topic) through the same dedup ledger.
 
 The parts: reading the gradient topic (gradlog.py), the state and its update rule (state.py),
-the sync barrier (barrier.py), publishing to Redis (publishing.py, publisher.py), checkpoints
-(checkpoint.py, and keeper.py registers them in etcd; storage.py makes the log and the
+the sync barrier (barrier.py), publishing to Redis (publish_thread.py, redis_rounds.py), checkpoints
+(checkpoint_store.py, and checkpoint_registry.py registers them in etcd; storage.py makes the log and the
 checkpoint store, or a caller gives its own), the control plane's requests
-(controller.py) and the decisions about them and about when each periodic step is due
-(control.py); this module wires them into one `ShardParts` once the shard has registered, and
+(control_requests.py) and the decisions about them and about when each periodic step is due
+(decisions.py); this module wires them into one `ShardParts` once the shard has registered, and
 runs them.
 One thread does everything that changes the state (consume, apply, checkpoint, roll back), so
 a checkpoint is always of a state that applied exactly the deltas before its saved offset; the
@@ -43,12 +43,12 @@ from streamtrain.infra.metrics import PserverMetrics
 from streamtrain.params.optimizers import make_rule
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.pserver.barrier import StepBarrier
-from streamtrain.pserver.control import Schedule, fold_ready
-from streamtrain.pserver.controller import ShardController
+from streamtrain.pserver.decisions import Schedule, fold_ready
+from streamtrain.pserver.control_requests import ShardController
 from streamtrain.pserver.gradlog import GradientLog
-from streamtrain.pserver.keeper import CheckpointKeeper
-from streamtrain.pserver.publisher import Publisher
-from streamtrain.pserver.publishing import BackgroundPublisher
+from streamtrain.pserver.checkpoint_registry import CheckpointKeeper
+from streamtrain.pserver.redis_rounds import Publisher
+from streamtrain.pserver.publish_thread import BackgroundPublisher
 from streamtrain.pserver.state import BadDeltaError, ShardState
 from streamtrain.pserver.storage import ShardStorage
 from streamtrain.schemas import (BarrierStats, BarrierSteps, EtcdKeys, GradientDelta, PartitionCursor, RedisKeys,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from streamtrain.infra import Endpoints
 from streamtrain.schemas.config import JobConfig
-from streamtrain.pserver.checkpoint import CheckpointStore
+from streamtrain.pserver.checkpoint_store import CheckpointStore
 from streamtrain.pserver.gradlog import GradientLog
 
 

@@ -305,7 +305,7 @@ class PserversSection:
         slots: parameter slots hashed over the shards, 128..1024 and >= count; fixed for the
             job's life, since changing it would rehash every parameter.
         optimizer: ``sgd``, ``adagrad``, ``adam``, ``ftrl`` or a ``"module:callable"``.
-        checkpoint_every_s: seconds between job-wide checkpoints (master/checkpoints.py).
+        checkpoint_every_s: seconds between job-wide checkpoints (master/checkpoint_schedule.py).
         checkpoint_uri: a pyarrow filesystem URI; defaults to
             ``file:///var/lib/streamtrain/<job>/ckpt`` (None here only before ``JobConfig``
             fills it in).

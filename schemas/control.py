@@ -11,7 +11,7 @@ and what answers them.
 | `RollbackAck` | `checkpoints/<id>/rolled/<i>` | shard i, rolled back | `rollback` |
 | `ResizeRecord` | `control/resize` | `resize`, with the new slot map | `resize` (one run again finishes it) |
 
-The job's side of a checkpoint (`checkpoints/<id>/job`) is jobstate/checkpoints.py's record.
+The job's side of a checkpoint (`checkpoints/<id>/job`) is jobstate/job_checkpoints.py's record.
 """
 
 from __future__ import annotations

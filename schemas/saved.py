@@ -2,10 +2,10 @@
 
 | document | where | written by | read by |
 |---|---|---|---|
-| `StateIndex` | a shard checkpoint's `index.json` | the shard (pserver/checkpoint.py) | its successor, restoring |
+| `StateIndex` | a shard checkpoint's `index.json` | the shard (pserver/checkpoint_store.py) | its successor, restoring |
 | `ExampleCounts` | a shard checkpoint's `examples.json` | the shard | its successor |
 | `LedgerSnapshot` | a shard checkpoint's `dedup.json` | the shard (pserver/dedup.py) | its successor |
-| `JobRecord` | etcd `checkpoints/<id>/job` | the master (jobstate/checkpoints.py) | the master, rolling back |
+| `JobRecord` | etcd `checkpoints/<id>/job` | the master (jobstate/job_checkpoints.py) | the master, rolling back |
 
 A successor restoring a checkpoint replays the gradient topic from the manifest's offsets, so
 the ledger must drop exactly what the shard had dropped: these documents are as much a part of

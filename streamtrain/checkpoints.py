@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from streamtrain.jobstate import checkpoints as cut
+from streamtrain.jobstate import job_checkpoints as cut
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.schemas import (ROLLBACK_PAUSE, CheckpointRequest, EtcdKeys, LatestCheckpoint, PauseRequest,
                                  RollbackRequest, StreamtrainError)

@@ -246,7 +246,7 @@ def pserver_cmd(
     topic, then apply and serve. Exits 3 if it loses its lease (a supervisor restarts it)."""
     from streamtrain.jobstate.errors import CoordinationError
     from streamtrain.params.optimizers import UpdateRuleError
-    from streamtrain.pserver.checkpoint import CheckpointError
+    from streamtrain.pserver.checkpoint_store import CheckpointError
     from streamtrain.pserver.shard import PserverShard, ShardLostError, ShardOptions
 
     _setup_logging(verbose)

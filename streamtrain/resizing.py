@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from streamtrain.jobstate import checkpoints as cut
+from streamtrain.jobstate import job_checkpoints as cut
 from streamtrain.jobstate.etcd import Etcd, mod_revision_is, put_op
 from streamtrain.params.optimizers import make_rule
 from streamtrain.jobstate.sharding import SlotMap

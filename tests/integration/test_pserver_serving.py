@@ -13,7 +13,7 @@ from streamtrain.params.optimizers import Adagrad
 from streamtrain.params.paramstore import ParamClient, ParamsUnavailableError
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.params.watches import AppliedWatch
-from streamtrain.pserver.publisher import Publisher, Snapshot
+from streamtrain.pserver.redis_rounds import Publisher, Snapshot
 from streamtrain.pserver.state import Changes, ShardState
 from streamtrain.schemas import DenseSlice, GradientDelta, RedisKeys, SparseRows, TaskRecord
 from streamtrain.trainer.params import DenseLayout, ParamSync

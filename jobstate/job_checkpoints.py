@@ -26,7 +26,7 @@ it already holds, so every example is applied once per shard, as after any redon
 shard may even have folded such a task into its ledger's watermarks; it folds only tasks whose
 deltas it has all applied, so dropping the redo is again right.
 
-The master takes one every `pservers.checkpoint_every_s` (master/checkpoints.py);
+The master takes one every `pservers.checkpoint_every_s` (master/checkpoint_schedule.py);
 `streamtrain checkpoint` takes one on demand.
 """
 

@@ -1,8 +1,8 @@
-"""A shard's decisions on the control plane's requests (pserver/control.py)."""
+"""A shard's decisions on the control plane's requests (pserver/decisions.py)."""
 
 from __future__ import annotations
 
-from streamtrain.pserver.control import (SERVICE_AWAY_S, Schedule, checkpoint_to_take, fold_ready, own_checkpoint_at,
+from streamtrain.pserver.decisions import (SERVICE_AWAY_S, Schedule, checkpoint_to_take, fold_ready, own_checkpoint_at,
                                           rolled_back_id)
 from streamtrain.schemas import CheckpointRequest
 

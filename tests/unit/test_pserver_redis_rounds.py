@@ -1,4 +1,4 @@
-"""When a shard writes its row keys, and what a flush carries (pserver/publisher.py)."""
+"""When a shard writes its row keys, and what a flush carries (pserver/redis_rounds.py)."""
 
 import threading
 
@@ -8,9 +8,9 @@ import pytest
 from streamtrain.params.optimizers import SGD
 from streamtrain.params.paramstore import stream_id
 from streamtrain.schemas import FlushMark
-from streamtrain.pserver.publisher import (FLUSH_BUSY_S, FLUSH_EVERY_S, FLUSH_KEYS_PER_S, FLUSH_MAX_ROUNDS,
+from streamtrain.pserver.redis_rounds import (FLUSH_BUSY_S, FLUSH_EVERY_S, FLUSH_KEYS_PER_S, FLUSH_MAX_ROUNDS,
                                           FLUSH_MAX_ROWS, Publisher, flush_due, flushed_through)
-from streamtrain.pserver.publishing import BackgroundPublisher
+from streamtrain.pserver.publish_thread import BackgroundPublisher
 from streamtrain.pserver.state import Changes, ShardState
 from streamtrain.schemas import GradientDelta, SparseRows, TaskRecord
 

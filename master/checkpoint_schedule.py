@@ -1,5 +1,5 @@
 """The master's job-wide checkpoints: one every `pservers.checkpoint_every_s`, and one whenever
-`streamtrain checkpoint` asks, taken while the trainers train (jobstate/checkpoints.py), named
+`streamtrain checkpoint` asks, taken while the trainers train (jobstate/job_checkpoints.py), named
 the latest once every shard has it.
 Each is a rollback target; the shards keep the newest `keep_checkpoints` and never prune the
 latest, and the job records of the ones they pruned go here.
@@ -14,13 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from streamtrain.jobstate import checkpoints as cut
+from streamtrain.jobstate import job_checkpoints as cut
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.schemas import CheckpointRequest, SchemaError
 
 log = logging.getLogger(__name__)
 
-# While a checkpoint is outstanding the master slices nothing (jobstate/checkpoints.py); one
+# While a checkpoint is outstanding the master slices nothing (jobstate/job_checkpoints.py); one
 # that some shard cannot take (it is restarting, or down) is withdrawn after this long, so that
 # the trainers do not run dry, and tried afresh at the next turn.
 PATIENCE_S = 15.0

@@ -1,6 +1,6 @@
 """What a shard decides about the control plane's requests (schemas/control.py), about its
 own checkpoints, about folding its dedup ledger and about when its periodic steps are due, as
-pure functions (the clock passed in); pserver/controller.py and pserver/shard.py do the work."""
+pure functions (the clock passed in); pserver/control_requests.py and pserver/shard.py do the work."""
 
 from __future__ import annotations
 

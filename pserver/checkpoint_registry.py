@@ -1,7 +1,7 @@
-"""A shard's checkpoints as the job sees them: each written to the store (checkpoint.py) and
+"""A shard's checkpoints as the job sees them: each written to the store (checkpoint_store.py) and
 registered in etcd as `checkpoints/<id>/<i>` (`ShardCheckpoint`), the registrations of pruned
 ones deleted, the job's newest rollback target never pruned, and which requested checkpoints
-this process has taken (the decision: control.py)."""
+this process has taken (the decision: decisions.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from prometheus_client import Histogram
 
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.sharding import SlotMap
-from streamtrain.pserver.checkpoint import CheckpointStore
-from streamtrain.pserver.control import checkpoint_to_take
+from streamtrain.pserver.checkpoint_store import CheckpointStore
+from streamtrain.pserver.decisions import checkpoint_to_take
 from streamtrain.pserver.state import ShardState
 from streamtrain.schemas import CheckpointRequest, EtcdKeys, LatestCheckpoint, SchemaError, ShardCheckpoint
 

@@ -1,4 +1,4 @@
-"""Restoring the job's side of a checkpoint (`jobstate.checkpoints.restore_batches`)."""
+"""Restoring the job's side of a checkpoint (`jobstate.job_checkpoints.restore_batches`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from streamtrain.jobstate.checkpoints import job_record, restore_batches
+from streamtrain.jobstate.job_checkpoints import job_record, restore_batches
 from streamtrain.jobstate.etcd import MAX_TXN_OPS, Entry
 from streamtrain.schemas import EtcdKeys, JobRecord, JobState, PartitionCursor, SchemaError, TaskRecord
 

@@ -1,8 +1,8 @@
-"""When the master takes a job-wide checkpoint (master/checkpoints.py `next_move`)."""
+"""When the master takes a job-wide checkpoint (master/checkpoint_schedule.py `next_move`)."""
 
 from __future__ import annotations
 
-from streamtrain.master.checkpoints import PATIENCE_S, next_move
+from streamtrain.master.checkpoint_schedule import PATIENCE_S, next_move
 
 
 def move(now: float, *, since: float | None = None, asked: bool = False, busy: bool = False) -> str:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from streamtrain.params.optimizers import Adagrad, Adam
-from streamtrain.pserver.checkpoint import (MANIFEST, CheckpointError, CheckpointMismatchError, CheckpointStore, _restore,
+from streamtrain.pserver.checkpoint_store import (MANIFEST, CheckpointError, CheckpointMismatchError, CheckpointStore, _restore,
                                            _snapshot)
 from streamtrain.pserver.state import ShardState
 from streamtrain.schemas import DenseSlice, GradientDelta, SparseRows, TaskRecord

@@ -1,5 +1,5 @@
 """A shard's publishing thread: applied changes go to Redis in rounds, so that applying never
-waits for Redis (`BackgroundPublisher`, over `publisher.Publisher`)."""
+waits for Redis (`BackgroundPublisher`, over `redis_rounds.Publisher`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 import redis
 
 from streamtrain.params.rows import distinct
-from streamtrain.pserver.publisher import Publisher, Snapshot
+from streamtrain.pserver.redis_rounds import Publisher, Snapshot
 from streamtrain.pserver.state import Changes, ShardState, newest
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow.fs as pafs
 
-from streamtrain.jobstate.checkpoints import new_checkpoint_id
+from streamtrain.jobstate.job_checkpoints import new_checkpoint_id
 from streamtrain.params.optimizers import UpdateRule
 from streamtrain.params.rows import RowTable
 from streamtrain.pserver.dedup import Dedup

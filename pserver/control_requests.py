@@ -1,5 +1,5 @@
 """Carrying out the control plane's requests for one shard: a checkpoint under the master's id
-(`control/checkpoint`) and a rollback (`control/rollback`). The decisions are in control.py;
+(`control/checkpoint`) and a rollback (`control/rollback`). The decisions are in decisions.py;
 the shard (shard.py) lends what a request needs through `Controlled`."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import logging
 import time
 from typing import Literal, Protocol
 
-from streamtrain.jobstate.checkpoints import new_checkpoint_id
+from streamtrain.jobstate.job_checkpoints import new_checkpoint_id
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.sharding import SlotMap
-from streamtrain.pserver.checkpoint import CheckpointStore
-from streamtrain.pserver.control import rolled_back_id
-from streamtrain.pserver.keeper import CheckpointKeeper
+from streamtrain.pserver.checkpoint_store import CheckpointStore
+from streamtrain.pserver.decisions import rolled_back_id
+from streamtrain.pserver.checkpoint_registry import CheckpointKeeper
 from streamtrain.pserver.state import ShardState
 from streamtrain.schemas import CheckpointRequest, EtcdKeys, RollbackAck, RollbackRequest, SchemaError
 
@@ -65,7 +65,7 @@ class ShardController:
         if wanted is None:
             return None
         # Everything written before the request is seen: that is every delta of every task
-        # the checkpoint's job record calls done (jobstate/checkpoints.py).
+        # the checkpoint's job record calls done (jobstate/job_checkpoints.py).
         self.shard.catch_up()
         self.shard.checkpoint(wanted)
         self.checkpoints.taken(wanted)
