@@ -170,59 +170,43 @@ class Publisher:
         counted pulled rows without it (one trainer lost 0.013 AUC to its in-process
         reference, bench/RESULTS.md). The rows stay outside the transaction so that a round
         of a whole shard (a republish) is not one command that blocks Redis."""
-        chunks: list[bytes] = []
-        rows = 0
+        batch = resp.Batch()
         for table, ids, values in snapshot.keys:
             prefix = self._keys.row_prefix(self.shard, table).encode()
             encoded = encode_rows_matrix(values)
             for i in range(0, len(ids), _CHUNK):
-                chunks.append(resp.mset(prefix, ids[i:i + _CHUNK], encoded[i:i + _CHUNK]))
-                rows += 1
-        chunks.append(resp.command(b"MULTI"))
-        queued = 1  # the INCR
+                batch.add(resp.mset(prefix, ids[i:i + _CHUNK], encoded[i:i + _CHUNK]))
+        batch.multi()
         pool = self.node.connection_pool
         conn = pool.get_connection()
         try:
             for param, block, values, version, served in snapshot.blocks:
                 live_key, served_key = self._dense_keys_of(param, block)
-                chunks.append(resp.command(b"SET", live_key,
-                                           ParamBlock.of_wire_types(param, block, version, values).to_bytes()))
-                chunks.append(resp.command(b"SET", served_key,
-                                           ParamBlock.of_wire_types(param, block, version, served).to_bytes()))
-                queued += 2
+                batch.queue(resp.command(b"SET", live_key,
+                                         ParamBlock.of_wire_types(param, block, version, values).to_bytes()))
+                batch.queue(resp.command(b"SET", served_key,
+                                         ParamBlock.of_wire_types(param, block, version, served).to_bytes()))
             if applied is not None:
-                chunks.append(self._applied_command(applied))
-                queued += 1
+                batch.queue(self._applied_command(applied))
                 if reset:
                     self._announced = {}
                 for trainer, step in applied.items():
                     if self._announced.get(trainer) != step:
-                        chunks.append(resp.command(b"PUBLISH", self._keys.published(self.shard, trainer).encode(),
-                                                   b"%d" % step))
+                        batch.queue(resp.command(b"PUBLISH", self._keys.published(self.shard, trainer).encode(),
+                                                 b"%d" % step))
                         self._announced[trainer] = step
-                        queued += 1
             if reset:
-                chunks.append(resp.command(b"DEL", self._keys.rounds(self.shard).encode()))
-                queued += 1
-            chunks.append(self._round_command(snapshot, applied or {}, reset))
-            queued += 1
+                batch.queue(resp.command(b"DEL", self._keys.rounds(self.shard).encode()))
+            batch.queue(self._round_command(snapshot, applied or {}, reset))
             if snapshot.flush:
                 self._flush_round = self._round
                 mark = FlushMark(stream_id(self._major, self._round), self._epoch, self._round, expect)
-                chunks.append(resp.command(b"SET", self._keys.flushed(self.shard).encode(), mark.to_bytes()))
-                queued += 1
-            chunks.append(resp.command(b"INCR", self._keys.version(self.shard).encode()))
-            chunks.append(resp.command(b"EXEC"))
-            # One write: redis-py writes a list item by item, a syscall each and, as Redis
-            # reads what arrives, as many wake-ups of Redis for the one round.
-            conn.send_packed_command([b"".join(chunks)])
-            # The MSETs' replies, MULTI's OK and a QUEUED per command, then EXEC's replies.
-            for _ in range(rows + 1 + queued):
-                conn.read_response()
-            results = conn.read_response()
-            failed = [r for r in results if isinstance(r, Exception)]
-            if failed:
-                raise failed[0]
+                batch.queue(resp.command(b"SET", self._keys.flushed(self.shard).encode(), mark.to_bytes()))
+            batch.queue(resp.command(b"INCR", self._keys.version(self.shard).encode()))
+            batch.exec()
+            # One write, every reply counted by the batch (params/resp.py `Batch`, which says
+            # why redis-py's pipeline is not used here).
+            results = batch.send(conn)
             return int(results[-1])
         except BaseException as exc:
             conn.disconnect()  # a half-read reply stream must not go back to the pool
