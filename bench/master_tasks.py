@@ -29,6 +29,7 @@ from streamtrain.infra.clients import TopicSpec, ensure_topics
 from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.etcd import Etcd, absent, put_op
 from streamtrain.jobstate.tasks import TaskClient
+from streamtrain.jobstate.offsets import InputOffsets
 from streamtrain.master.service import Master
 from streamtrain.schemas import EtcdKeys
 
@@ -82,7 +83,7 @@ lock_ttl_s = 5
 
 def slice_rate(endpoints: Endpoints, config: JobConfig, tasks: int) -> float:
     etcd = Etcd.connect(endpoints)
-    master = Master(etcd, endpoints, config, identity="bench")
+    master = Master(etcd, InputOffsets(endpoints), config, identity="bench")
     assert master.lock.acquire(threading.Event())
     master._publish_config()
     began = time.perf_counter()

@@ -20,7 +20,6 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from streamtrain.infra import Endpoints
 from streamtrain.jobstate import queue
 from streamtrain.jobstate.job_checkpoints import restore_batches
 from streamtrain.schemas.config import JobConfig
@@ -89,8 +88,11 @@ def read_slot_map(etcd: Etcd, job: str) -> tuple[SlotMap | None, int]:
 
 
 class Master:
-    def __init__(self, etcd: Etcd, endpoints: Endpoints, config: JobConfig,
+    def __init__(self, etcd: Etcd, offsets: InputOffsets, config: JobConfig,
                  identity: str | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        """`etcd`: the job's coordination store; `offsets`: what the input topics hold (the
+        job's Kafka, `InputOffsets(endpoints)`). Both are given, so a caller can put its own in
+        their place (a flaky etcd, offsets of its choosing)."""
         self.etcd = etcd
         self.config = config
         self.keys = EtcdKeys(config.name)
@@ -99,7 +101,7 @@ class Master:
             etcd, self.keys.master_lock, config.master.lock_ttl_s,
             this_holder("master", self.identity).to_json(),
         )
-        self.offsets = InputOffsets(endpoints)
+        self.offsets = offsets
         self.clock = clock
         self.cursors: dict[Partition, PartitionCursor] = {}
         self.finished = False

@@ -205,6 +205,7 @@ def master_cmd(
     dispatches. Exits 3 when it loses the lock (a supervisor restarts it as a standby)."""
     from streamtrain.jobstate.errors import LayoutChangedError, CoordinationError, NotLeaderError
     from streamtrain.jobstate.etcd import Etcd
+    from streamtrain.jobstate.offsets import InputOffsets
     from streamtrain.master.service import Master
 
     _setup_logging(verbose)
@@ -214,7 +215,7 @@ def master_cmd(
     _serve_metrics(metrics_port, "master")
     etcd = Etcd.connect(endpoints)
     try:
-        Master(etcd, endpoints, config, identity).run(stop)
+        Master(etcd, InputOffsets(endpoints), config, identity).run(stop)
     except NotLeaderError as exc:
         logging.getLogger("streamtrain.master").error("%s", exc)
         raise typer.Exit(3) from exc

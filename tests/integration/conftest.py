@@ -20,6 +20,7 @@ from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.errors import TaskLostError
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.tasks import ClaimedTask, TaskClient
+from streamtrain.jobstate.offsets import InputOffsets
 from streamtrain.master.service import Master
 from streamtrain.schemas import EtcdKeys, Holder, PartitionCursor
 from streamtrain.trainer.reader import RangeReader
@@ -132,7 +133,7 @@ def start_master(services: Endpoints) -> Iterator[Callable[[JobConfig], MasterTh
     def start(config: JobConfig, identity: str | None = None) -> MasterThread:
         etcd = Etcd.connect(services)
         clients.append(etcd)
-        m = MasterThread(Master(etcd, services, config, identity))
+        m = MasterThread(Master(etcd, InputOffsets(services), config, identity))
         running.append(m)
         return m
 

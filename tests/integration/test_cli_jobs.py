@@ -19,6 +19,7 @@ from conftest import StreamtrainProcess, publish_job, wait_for, write_job_file
 from streamtrain.cli import app
 from streamtrain.infra import Endpoints
 from streamtrain.jobstate.etcd import Etcd
+from streamtrain.jobstate.offsets import InputOffsets
 from streamtrain.master.service import Master
 from streamtrain.pserver.shard import PserverShard, ShardOptions
 from streamtrain.schemas import EtcdKeys, RedisKeys, ResizeRecord
@@ -64,7 +65,7 @@ def test_predict_scores_records_with_the_served_parameters_and_scores_move_with_
                                     probe[2].to_json(), probe[3].to_json()]) + b"\n")
     coord, background = Etcd.connect(services), Background()
     try:
-        background.start(lambda stop: Master(Etcd.connect(services), services, config).run(stop))
+        background.start(lambda stop: Master(Etcd.connect(services), InputOffsets(services), config).run(stop))
         start_shards(background, services, config.name)
         wait_for(lambda: serving(redis_conn, config.name), 60, "both shards serving", interval=0.2)
 
@@ -221,7 +222,7 @@ def test_a_job_file_whose_shard_count_changed_is_refused_with_the_reason(service
         assert "pservers.count = 3" in message and "2 shard(s)" in message, message
         assert not (tmp_path / "logs").exists() or not list((tmp_path / "logs").iterdir())
         with pytest.raises(LayoutChangedError, match="pservers.count = 2 and pservers.slots"):
-            Master(coord, services, grown).run(threading.Event())
+            Master(coord, InputOffsets(services), grown).run(threading.Event())
         keys = EtcdKeys(config.name)
         assert keys.ps_desired_of(coord.get(keys.ps_desired).value) == 2
     finally:

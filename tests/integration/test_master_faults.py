@@ -16,6 +16,7 @@ from conftest import (FakeTrainer, MasterProcess, MasterThread, assert_exact_cov
 from streamtrain.jobstate.errors import EtcdError, NotLeaderError
 from streamtrain.jobstate.etcd import Etcd, put_op
 from streamtrain.jobstate.tasks import TaskClient
+from streamtrain.jobstate.offsets import InputOffsets
 from streamtrain.master.service import Master
 from streamtrain.schemas import CheckpointRequest, EtcdKeys, JobState
 
@@ -137,7 +138,7 @@ def test_every_master_write_is_refused_once_another_master_holds_the_lock(
     topic = topic_factory("fence")
     config = job_config(unique("fence"), topic)
     etcd = Etcd.connect(services)
-    master = Master(etcd, services, config, identity="old")
+    master = Master(etcd, InputOffsets(services), config, identity="old")
     assert master.lock.acquire(threading.Event())
     keys = EtcdKeys(config.name)
     # The old tenure ends (as if its lease expired) and a new master takes the lock.
@@ -179,7 +180,7 @@ def test_a_fold_applied_but_answered_as_failed_loses_no_task(services, topic_fac
     etcd = Etcd.connect(services)
     trainer = FakeTrainer(TaskClient(etcd, config.name, "t1", config.tasks.timeout_s, config.tasks.max_attempts))
     flaky = AnswerLost.connect(services)
-    master = MasterThread(Master(flaky, services, config))
+    master = MasterThread(Master(flaky, InputOffsets(services), config))
     state_key = EtcdKeys(config.name).state
     try:
         wait_for(lambda: not trainer.drain_once() and etcd.get(state_key) is not None, 60, "job finished")

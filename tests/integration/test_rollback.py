@@ -12,6 +12,7 @@ from conftest import StreamtrainProcess, wait_for
 from streamtrain.checkpoints import request_checkpoint, rollback
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.sharding import SlotMap
+from streamtrain.jobstate.offsets import InputOffsets
 from streamtrain.master.service import Master
 from streamtrain.pserver.shard import PserverShard, ShardOptions
 from streamtrain.schemas import EtcdKeys
@@ -69,7 +70,7 @@ def test_a_shard_restarted_after_a_rollback_stays_on_the_rolled_back_timeline(se
     coord, background = Etcd.connect(services), Background()
     shard = None
     try:
-        background.start(lambda stop: Master(Etcd.connect(services), services, config).run(stop))
+        background.start(lambda stop: Master(Etcd.connect(services), InputOffsets(services), config).run(stop))
         wait_for(lambda: coord.get(EtcdKeys(config.name).slots) is not None, 30, "the slot map")
         shard = shard_process(services, config.name, tmp_path, 0)
         background.start(lambda stop: PserverShard(services, ShardOptions(config.name, 1, lease_ttl_s=2)).run(stop))

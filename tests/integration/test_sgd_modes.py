@@ -12,6 +12,7 @@ import pytest
 
 from conftest import wait_for
 from streamtrain.jobstate.etcd import Etcd
+from streamtrain.jobstate.offsets import InputOffsets
 from streamtrain.master.service import Master
 from streamtrain.pserver.shard import PserverShard, ShardOptions
 from streamtrain.schemas import BarrierSteps, EtcdKeys, RedisKeys
@@ -35,7 +36,7 @@ def test_sync_barrier_releases_steps_and_lets_a_frozen_trainer_go(services, redi
     coord, background = Etcd.connect(services), Background()
     frozen = None
     try:
-        background.start(lambda stop: Master(Etcd.connect(services), services, config).run(stop))
+        background.start(lambda stop: Master(Etcd.connect(services), InputOffsets(services), config).run(stop))
         for i in range(2):
             background.start(lambda stop, i=i: PserverShard(services, ShardOptions(config.name, i, lease_ttl_s=2)).run(stop))
         # Paused (no task is claimed) until both trainers are up: the first one up, alone, could
@@ -91,7 +92,7 @@ def test_bounded_staleness_keeps_trainers_within_s_steps(services, redis_conn, t
         return finished(coord, config.name)
 
     try:
-        background.start(lambda stop: Master(Etcd.connect(services), services, config).run(stop))
+        background.start(lambda stop: Master(Etcd.connect(services), InputOffsets(services), config).run(stop))
         for i in range(2):
             background.start(lambda stop, i=i: PserverShard(services, ShardOptions(config.name, i, lease_ttl_s=2)).run(stop))
         for name in ("a", "b"):

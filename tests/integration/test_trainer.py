@@ -19,6 +19,7 @@ from conftest import StreamtrainProcess, job_config, read_partition, wait_for, w
 from streamtrain.infra import Endpoints
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.sharding import SlotMap
+from streamtrain.jobstate.offsets import InputOffsets
 from streamtrain.master.service import Master
 from streamtrain.producers.clickmodel import ClickModel
 from streamtrain.pserver.shard import PserverShard, ShardOptions
@@ -131,7 +132,7 @@ def holdout_auc(etcd: Etcd, redis_conn, config) -> float:
 
 
 def run_job(services, etcd, config, background: Background, trainers: int = 2, lease_ttl_s: int = 2) -> None:
-    background.start(lambda stop: Master(Etcd.connect(services), services, config).run(stop))
+    background.start(lambda stop: Master(Etcd.connect(services), InputOffsets(services), config).run(stop))
     for i in range(2):
         background.start(lambda stop, i=i: PserverShard(
             services, ShardOptions(config.name, i, lease_ttl_s=lease_ttl_s)).run(stop))
@@ -327,7 +328,7 @@ def test_a_task_whose_commit_fails_is_redone_and_its_outputs_committed_once(serv
     counts = write_examples(services, topic, [e.to_json() for e in train], 2)
     config = make_job(unique("refused"), topic, tmp_path)
     broker, background, trainers, coord = RefusedOnce(services), Background(), [], Etcd.connect(services)
-    background.start(lambda stop: Master(Etcd.connect(services), services, config).run(stop))
+    background.start(lambda stop: Master(Etcd.connect(services), InputOffsets(services), config).run(stop))
     for i in range(2):
         background.start(lambda stop, i=i: PserverShard(services, ShardOptions(config.name, i, lease_ttl_s=2)).run(stop))
     trainers.append(Trainer(services, config.name, "t0", lease_ttl_s=2, broker=broker))
@@ -496,7 +497,7 @@ def test_a_task_redone_after_a_killed_or_frozen_trainer_is_applied_exactly_once(
                       push_every=1, **DELIVERY[delivery])
     coord, background = Etcd.connect(services), Background()
     try:
-        background.start(lambda stop: Master(Etcd.connect(services), services, config).run(stop))
+        background.start(lambda stop: Master(Etcd.connect(services), InputOffsets(services), config).run(stop))
         # Stats every 50 ms, not every second: the waits below for drops read them.
         for i in range(2):
             background.start(lambda stop, i=i: PserverShard(services, ShardOptions(
