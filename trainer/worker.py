@@ -5,7 +5,8 @@ Per task: records are decoded (bad ones dead-lettered), cut into mini-batches of
 task's `push_every` (fixed by its first claim, trainer/policy.py `group_size`); group g
 carries `(task_id, seq=g)`. The cut depends only on the records and the task, so every attempt
 of a task produces the same keys and the pservers apply each group once.
-A group is pulled and trained by trainer/groups.py; this module runs tasks and pushes, with the
+A group is pulled and trained by trainer/groups.py; this module runs tasks and pushes
+(`Trainer._train_group` names the push/pull path's steps in order and where each lives), with the
 parts trainer/assembly.py wires once the job's config is known (`TrainerParts`). Each
 group's deltas are produced as it is made (trainer/delivery.py); a background thread
 (trainer/committer.py) waits for their acknowledgement and commits the task's side outputs,
@@ -335,7 +336,54 @@ class Trainer:
         parts.delivery.add(parts.topics.dlq, letter.to_json(), f"{bad.topic}:{bad.partition}:{bad.offset}".encode())
 
     def _train_group(self, run: TaskRun, batches: list[Batch]) -> None:
-        """Train one push group (trainer/groups.py), then push it."""
+        """Train one push group, then push it: the entry of the push/pull path.
+
+        Four settings shape it: the task's `push_every` (the group's size in mini-batches,
+        fixed by its first claim, trainer/policy.py `group_size`), `train.pull_every`,
+        `train.max_in_flight` and `train.sgd` (an `SgdMode`). Three threads and a process take
+        part: the loader process (trainer/loader.py) reads and decodes the task's range, the
+        feed thread (trainer/feed.py `TaskFeed`) claims tasks ahead and hands the chunks over,
+        the committer's thread (trainer/committer.py) waits for the brokers; everything below
+        runs on this, the training thread, unless it says otherwise.
+
+        0. Cut (`train_task`, `_mini_batches`): the feed's chunks into mini-batches of
+           `model.batch_size` good records and those into groups of `push_every`.
+        For each mini-batch of the group (trainer/groups.py `GroupTrainer.train`):
+        1. Pull (`GroupTrainer._pull`; `ParamSync.send` and `load`, trainer/params.py; the
+           transaction, params/paramstore.py `ParamClient`): one Redis transaction per shard
+           reads the mini-batch's rows, the dense blocks once `pull_every` mini-batches have
+           trained since their last pull (or after a task given up, `given_up`), and the
+           shards' `applied` steps; the rounds since the last pull go into the replica
+           (trainer/replica.py), whose rows stand in for their keys. The group's first pull
+           comes after step 6 of the group before, so it includes what that wait waited for.
+        2. Read your writes (`OwnPushes.published`, `add_blocks`, `add_rows`, trainer/own.py):
+           the pushes every shard has published are forgotten; the estimated changes of the
+           others, and of the group's earlier steps, are added to what was pulled. Rows are
+           estimated only when a step may train before an earlier one is published
+           (`push_every` != 1, or `groups.rows_in_flight`: async with `max_in_flight` > 0).
+        3. Step (`GroupTrainer._step`): forward and backward; the gradients join the push being
+           built (`GradientBuffer.add_step`, a step of its own in the delta); its dense change,
+           estimated with the job's update rule, goes into the model at once when a later step
+           may train before the shards publish it (`groups.estimates_dense`), and its rows'
+           (`OwnRows.step`) into the push's estimate (`OwnPushes.rows`).
+        Then, once, `_push`:
+        4. Produce: `GradientBuffer.deltas` makes one `GradientDelta` per shard, empty ones
+           included, keyed `(task_id, seq)` and stamped with this trainer's step;
+           `Delivery.send` (trainer/delivery.py) produces each to its shard's gradient topic at
+           once, after every delta before it; `OwnPushes.pushed` files the push's estimates
+           under its step.
+        5. Hand (`Committer.hand`): the committer's thread waits for the acknowledgements and,
+           at the task's end (`_train_fed`, `Committer.end`), commits its side outputs and
+           completes it in etcd. The training thread waits only while too many groups are
+           handed, and raises here a failed commit of an earlier group of the task.
+        6. Wait as the mode says, for at most a third of `tasks.timeout_s` (at least 1 s). `waits_on_steps` (sync,
+           bounded): `StepGate.after_push` (trainer/steps.py) sleeps on the shards' steps
+           documents until `next_step` lets it go on, and says the next step (sync: the
+           barrier's). `limits_in_flight` (async): `InFlight.wait` sleeps on the shards'
+           publish announcements (params/watches.py `AppliedWatch`) until at most
+           `max_in_flight` of its own pushes are unpublished.
+        7. Heartbeat the task if due (a long task must not time out while it trains).
+        """
         parts = self.parts
         parts.sharded.groups.train(batches, run.metrics)
         examples = sum(batch.size for batch in batches)
