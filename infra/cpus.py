@@ -2,12 +2,11 @@
 
 A trainer and its loader process hand a chunk of examples over a socket and then work on it
 in turn. Each trainer (and so its loader, which inherits the mask) gets its own share of the
-CPUs rather than every process of the job floating over all of them: in eight paired
-end-to-end runs on a 2-core machine (four pinned by a throwaway script, four by this code)
-pinned was faster in six, by 11% on the geometric mean of the pairs and 7% at the median,
-though the machine drifted as much between two runs (bench/RESULTS.md, session 42). The cost:
-a trainer's loader now competes with it for its share. Shards, the master and the services
-are left to the scheduler, to fill whatever the trainers leave idle.
+CPUs rather than every process of the job floating over all of them: paired end-to-end runs
+are faster pinned in most pairs, though a machine drifts as much between two runs
+(bench/RESULTS.md, "where a step's CPU goes, process by process", "Each trainer on its own
+core"). The cost: a trainer's loader competes with it for its share. Shards, the master and
+the services are left to the scheduler, to fill whatever the trainers leave idle.
 """
 
 from __future__ import annotations

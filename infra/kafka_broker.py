@@ -183,8 +183,8 @@ class KafkaBroker(ServerProcess):
             # on an idle broker and costs next to nothing.
             "log.cleaner.backoff.ms": "1000",
             # After a SIGKILL the restarted controller refuses the broker's new registration
-            # until the dead incarnation's session ends: at the default 9 s that was most of
-            # Kafka's 12 s restart. Heartbeats every half second keep a live broker registered.
+            # until the dead incarnation's session ends: at the default 9 s that wait is most
+            # of Kafka's restart. Heartbeats every half second keep a live broker registered.
             "broker.heartbeat.interval.ms": "500",
             "broker.session.timeout.ms": "3000",
             # Topics are created on purpose, with the partition count the job asks for.

@@ -2,8 +2,8 @@
 
 The Python-level handler does nothing. A handler runs on the main thread between two
 bytecodes, possibly inside the very `Event.wait()` that holds the event's lock at that moment.
-Setting the event from there deadlocks the process: the lock is not reentrant. This is what
-made a master that was resumed from SIGSTOP and then sent SIGTERM hang for good. So the
+Setting the event from there deadlocks the process: the lock is not reentrant (a master
+resumed from SIGSTOP and then sent SIGTERM would hang for good). So the
 signal's number travels through `signal.set_wakeup_fd`, and a watcher thread sets the event.
 SIGUSR1 prints every thread's stack to stderr, for a process that seems stuck.
 """

@@ -1,7 +1,8 @@
 """A small typed layer over the etcd v3 client: ranges, transactions, leases.
 
-Every call goes through here so that client errors become `EtcdError` at one boundary
-and the rest of master/ reads as operations on keys, not on gRPC messages.
+Every call goes through here so that client errors become `EtcdError` at one boundary and
+the rest of jobstate/, the coordination layer the master, the pservers and the trainers share,
+reads as operations on keys, not on gRPC messages.
 """
 
 from __future__ import annotations

@@ -123,7 +123,8 @@ def _kept(entries: list[Entry], key_of: Callable[[KeptDocument], str],
     """The documents of `entries` that a rollback can write back where they were: JSON objects
     that name the key they were read from. The rest are left out, and logged: no process can use
     such a value (an unreadable task is skipped, and logged, wherever it is read), and a record
-    that held one could not be restored at all (it used to end the master here, or mid-rollback)."""
+    that held one could not be restored at all (it would end the master here, or a rollback
+    midway)."""
     kept = []
     for entry in entries:
         try:

@@ -1,9 +1,11 @@
 """Who is in the job: trainers and pserver shards, each a key held by its own lease.
 
-A pserver takes the first free index below `ps_desired` by transaction (the seeds' scheme):
-two shards starting at once can never both get index 0, and a restarted shard gets its index
-back as soon as its old lease has expired, or at once when the old holder is known dead
-(a process of this machine that no longer runs: jobstate/predecessors.py).
+A pserver's index is the name of the key it creates, `ps/<index>`: the first index below
+`ps_desired` whose key is absent, created in a transaction that requires it still absent (as
+PaddlePaddle's distributed training design has it). Two shards starting at once can never
+both get index 0, and a restarted shard gets its index back as soon as its old lease has
+expired, or at once when the old holder is known dead (a process of this machine that no
+longer runs: jobstate/predecessors.py).
 """
 
 from __future__ import annotations

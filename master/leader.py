@@ -4,8 +4,9 @@ The lock key holds a lease. Acquiring it means creating the key while it is abse
 create revision then identifies this tenure, and every master write is a transaction that
 compares it. A master frozen past its lease (GC pause, SIGSTOP, partition) therefore cannot
 write after resuming, whatever its clock says: etcd rejects the compare, the master raises
-`NotLeaderError` and exits to be restarted as a standby (the review thread's warning: leases
-alone do not fence).
+`NotLeaderError` and exits to be restarted as a standby. A lease alone does not fence: the
+holder judges whether its lease is still live by its own clock, which stops when the process
+does, so the check has to be etcd's, inside each write's transaction.
 """
 
 from __future__ import annotations

@@ -2,14 +2,13 @@
 last `train.average_steps` steps (pserver/state.py keeps it; trainer/local.py, the in-process
 reference, keeps the same).
 
-Adam at a constant learning rate moves the output layer from one mini-batch to the next: one
-process's mean prediction on the holdout moved by 4-6% of the CTR (one standard deviation)
-over its last 200 steps, about the spread of a job's final ones. An average over 50 steps moved
-by 1.1-1.2% and scored 0.0004-0.0014 more AUC (`bench.served_average`, bench/RESULTS.md). Early
-on the average spans about the last tenth of the steps taken instead, as TensorFlow's
-ExponentialMovingAverage does with `num_updates`: over 50 steps from the first, a job of a
-few dozen steps scored 0.06 AUC under its trained values, its initial ones still half the
-average.
+Adam at a constant learning rate moves the output layer from one mini-batch to the next, and
+a job's mean prediction with it, by about the spread of a job's final ones; an average over its
+last steps moves far less and scores slightly higher (`bench.served_average`; bench/RESULTS.md,
+"the dense layers scored as an average of their last 50 steps"). Early on the average spans
+about the last tenth of the steps taken instead, as TensorFlow's ExponentialMovingAverage does
+with `num_updates`: a fixed span from the first step would leave a job of a few dozen steps
+scoring well under its trained values, its initial ones still a large part of the average.
 """
 
 from __future__ import annotations

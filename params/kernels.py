@@ -75,8 +75,8 @@ _UNIT = np.float32(1.0 / (1 << 24))
 @numba.njit(cache=True, nogil=True)
 def initial_rows(ids, salt, scale, out):
     """`rows.initial_rows` into `out` (n, dim): the same splitmix64 counters and float32
-    arithmetic, in one pass (the numpy formula's passes over a few hundred new rows a
-    mini-batch were 5% of a shard's main thread)."""
+    arithmetic, in one pass (the numpy formula's several passes over a few hundred new rows a
+    mini-batch cost a shard's main thread more)."""
     dim = out.shape[1]
     width = np.uint64(dim)
     twice = np.float32(2 * scale)

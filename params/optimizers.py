@@ -12,8 +12,8 @@ before this one, so a sparse row at its k-th touch sees what a dense optimizer s
 step; ``"table"``, the updates the whole table had before this one, which is how
 torch.optim.SparseAdam and TensorFlow's LazyAdam bias-correct (Adam declares it: with per-row
 correction a row touched for the first time late in training moves lr, with the table's about
-3 lr, and one process training a production-like workload lost 0.0035 AUC to the smaller
-steps, bench/RESULTS.md).
+3 lr, and the smaller steps cost one process training a production-like workload AUC,
+bench/RESULTS.md, "Figures moved from the code and the docs").
 
 A user's own rule is any object with ``name``, ``state_names`` and ``apply`` (``UpdateRule``),
 named in the job config as ``"module.path:callable"`` and built by ``make_rule``.
@@ -49,7 +49,7 @@ _KERNELS: ModuleType | None = None
 def _kernels() -> ModuleType:
     """optimizer_kernels.py, imported at the first update: importing numba is about a second of
     a process's start, and a trainer at the defaults never runs a rule (trainer/groups.py).
-    Kept in a global: an import statement per update cost a shard 2% of its CPU."""
+    Kept in a global: an import statement per update is a measurable part of a shard's CPU."""
     global _KERNELS
     if _KERNELS is None:
         from streamtrain.params import optimizer_kernels

@@ -100,7 +100,7 @@ class ParamClient:
         self._keys_of: dict[int, _ShardKeys] = {}
         self._dense_keys: dict[tuple[int, tuple[str, int]], bytes] = {}
         # A connection per node kept between pulls: the pool's checkout checks each one for
-        # unread data and counts it, 2% of a trainer's main thread at a pull a mini-batch. One
+        # unread data and counts it, a cost at every pull, which comes every mini-batch. One
         # that went bad meanwhile (a restarted Redis) fails its pull, which is retried.
         self._idle: dict[int, tuple[redis.ConnectionPool, redis.connection.AbstractConnection]] = {}
 

@@ -1,12 +1,13 @@
 """Redis MSET and MGET commands for many rows, written by one compiled pass, and `Batch`, which
 sends commands in one write and reads back exactly their replies.
 
-redis-py packs a command argument by argument in Python (about 0.7 µs per key and value) and
-the keys and values must exist as Python bytes first (another ~1 µs per row). Here a whole
+redis-py packs a command argument by argument in Python, and the keys and values must exist
+as Python bytes first, both a cost per row. Here a whole
 MSET or MGET is written into one buffer by a numba pass over the ids, in their order, with no
 Python work per row (the bytes are the ones redis-py and `schemas.encode_rows` would produce
 for the same keys, which the tests check). A trainer names a few hundred keys a pull, every
-mini-batch: numpy passes over them cost it six times as much (bench/RESULTS.md).
+mini-batch: numpy passes over them cost it several times as much (bench/RESULTS.md, "Figures
+moved from the code and the docs").
 """
 
 from __future__ import annotations

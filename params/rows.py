@@ -122,8 +122,9 @@ class IdIndex:
 
 def distinct(ids: np.ndarray) -> np.ndarray:
     """The distinct values of `ids`, sorted: `np.unique(ids)`, by a sort. NumPy 2.4's plain
-    `np.unique` of integers hashes, and on ids it was 6-25 times slower than sorting (a
-    restarted shard's 2.8M replayed ids: 1.4 s against 0.04 s; a flush's 75k: 13 against 1.4 ms)."""
+    `np.unique` of integers hashes, which on ids is many times slower than sorting, from a
+    flush's tens of thousands of ids to a restarted shard's millions (bench/RESULTS.md,
+    "Figures moved from the code and the docs")."""
     ids = np.sort(ids)
     keep = np.empty(len(ids), dtype=bool)
     keep[:1] = True
@@ -191,8 +192,8 @@ class RowTable:
 
         A rule with `apply_at` (every built-in) updates the rows where they are, in one
         compiled pass. Any other is handed gathered copies, scattered back afterwards through
-        one-item-per-row views (np.take / np.put copy whole rows at once: 2-d fancy indexing
-        was the slow half of every batch, docs/optimizers.md).
+        one-item-per-row views (np.take / np.put copy whole rows at once, where 2-d fancy
+        indexing is slow, docs/optimizers.md).
         """
         n, dim = len(rows), self.dim
         if grads.shape != (n, dim) or grads.dtype != np.float32:
@@ -227,7 +228,7 @@ class RowTable:
         self.state = {n: _grow(a, grown) for n, a in self.state.items()}
 
 
-_ROW_TYPES: dict[int, np.dtype] = {}  # by row size: making the dtype was half of a view's cost
+_ROW_TYPES: dict[int, np.dtype] = {}  # by row size: making the dtype costs as much as the view
 
 
 def row_view(table: np.ndarray) -> np.ndarray:

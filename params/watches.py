@@ -67,9 +67,8 @@ class AppliedWatch:
     """One trainer's steps as the shards' publish rounds carry them (`RedisKeys.published`,
     pub/sub), so a trainer waiting for its pushes to be published sleeps until one is: a
     message a shard per push, pushed by Redis, so waiting costs no request. Reading the rounds
-    streams instead cost the trainer about 250 µs of CPU a wake (rows it reads at its next
-    pull anyway), and polling the `applied` keys every millisecond four or five round trips a
-    push."""
+    streams instead would cost the trainer CPU at every wake (rows it reads at its next pull
+    anyway), and polling the `applied` keys several round trips a push."""
 
     def __init__(self, client: Client, job: str, shards: int, trainer_id: str) -> None:
         self._nodes = ShardNodes(client, job)

@@ -1,6 +1,6 @@
 """`streamtrain produce …` and `streamtrain join`: flags are read here and nowhere else.
 
-Heavy imports (confluent-kafka, pyarrow, faust) stay inside the commands, so `streamtrain --help`
+Heavy imports (confluent-kafka, pyarrow) stay inside the commands, so `streamtrain --help`
 stays fast.
 """
 

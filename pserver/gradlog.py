@@ -47,10 +47,10 @@ class GradientLog:
             "isolation.level": "read_committed",
             "auto.offset.reset": "earliest",
             # The broker answers a fetch as soon as a commit makes deltas readable; the wait only
-            # bounds an idle shard's polling, which at 50 ms cost the broker 5% of a core each.
+            # bounds an idle shard's polling, which at tens of ms costs the broker CPU for each.
             "fetch.wait.max.ms": 500,
             # A restart replays up to a checkpoint interval of deltas (tens of KB each); at the
-            # default 1 MB a partition a fetch brought about 20 of them.
+            # default 1 MB a partition a fetch brings only about 20 of them.
             "max.partition.fetch.bytes": 16 << 20,
         })
         self._dlq = Producer({"bootstrap.servers": endpoints.kafka, "enable.idempotence": True, "linger.ms": 20})

@@ -121,7 +121,8 @@ class BackgroundPublisher:
         writes to the keys only the rows changed since start-up (by the replay) if Redis's
         keys were flushed through that round of that epoch, which holds every other row at
         its checkpointed value; otherwise every row, as without. At a million rows writing
-        every key was the largest part of a shard's restart (bench/RESULTS.md)."""
+        every key is the largest part of a shard's restart (bench/RESULTS.md, "a shard's
+        restart at up to 925k rows")."""
         self._resume = (epoch, round_)
 
     def republish(self) -> None:

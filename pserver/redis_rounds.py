@@ -1,8 +1,9 @@
 """A shard's side of its parameters in Redis (the keys and streams: params/paramstore.py):
 each round appends the rows it changed to the shard's rounds stream and writes the dense blocks;
 a flush every `FLUSH_EVERY_S` (up to `FLUSH_BUSY_S` under load) writes the rows changed since
-the last one to their keys, each once. Writing every round's rows to their keys was two thirds
-of Redis's CPU, and a row hot enough to change in most rounds was written in each of them."""
+the last one to their keys, each once. Writing every round's rows to their keys would take
+most of Redis's CPU, a row hot enough to change in most rounds written in each of them
+(bench/RESULTS.md, "row keys flushed, not written every round")."""
 
 from __future__ import annotations
 
@@ -28,10 +29,10 @@ _CHUNK = 8192  # keys per MSET: large enough to amortise, small enough not to st
 FLUSH_EVERY_S = 0.25
 # The next flush waits at least as long as the last one's keys take at FLUSH_KEYS_PER_S, and at
 # most FLUSH_BUSY_S: a busy shard writes its keys once a second, a light stream's stay a quarter
-# second fresh. Under load the quarter-second flush was most of Redis's CPU, and over a second
-# the e2e workload's Zipf ids change 1.18 distinct rows a record against 1.74 over a quarter
-# (bench/RESULTS.md). Keys, not row changes, are what a flush costs Redis, whatever the
-# machine's speed.
+# second fresh. Under load a quarter-second flush takes most of Redis's CPU, and a longer
+# interval folds more of a skewed stream's repeated ids into one key write (bench/RESULTS.md,
+# "row-key flushes spaced by their keys"). Keys, not row changes, are what a flush costs
+# Redis, whatever the machine's speed.
 FLUSH_KEYS_PER_S = 16384
 FLUSH_BUSY_S = 1.0
 # Rows changed since the last flush that force one early: bounds the ids kept meanwhile.
@@ -165,10 +166,10 @@ class Publisher:
         (`ParamClient.send_pull`) finds a step counted as applied only once its rows and
         blocks are there: the rows go first on the same connection, and the blocks, to which
         trainers add their own unpublished pushes (trainer/own.py), change with `applied` at
-        one instant. With everything in one pipeline and `applied` first, Redis ran other
-        clients' commands between the round's commands, and a trainer that saw its push
-        counted pulled rows without it (one trainer lost 0.013 AUC to its in-process
-        reference, bench/RESULTS.md). The rows stay outside the transaction so that a round
+        one instant. In one pipeline without a transaction, Redis runs other clients'
+        commands between the round's commands, and a trainer that sees its push counted can
+        pull rows without it, which costs AUC (bench/RESULTS.md, "two trainers as good as one
+        process"). The rows stay outside the transaction so that a round
         of a whole shard (a republish) is not one command that blocks Redis."""
         batch = resp.Batch()
         for table, ids, values in snapshot.keys:

@@ -8,10 +8,10 @@ A dense gradient computed on a block that has since taken other steps is damped 
 (`staleness_damping`), unless the rule sets values from its state (FTRL: `is_absolute`), whose
 next step would undo it. Every trainer computes on about the same dense layers, so with several
 trainers each gradient arrives after the others' steps from about the same point, and each
-full step overshot: four trainers fell 0.013-0.029 AUC behind one process, and most of that was
-the dense layers' (bench/RESULTS.md). The rows are not damped: trainers seldom step the same row
-at once, and rows stale by as much cost a simulation 0.001 AUC against 0.013 for the dense
-layers.
+full step overshoots: several trainers fall behind one process in AUC, most of it the dense
+layers' (bench/RESULTS.md, "four trainers, and why they fell behind"). The rows are not damped:
+trainers seldom step the same row at once, and in a simulation rows as stale cost a small
+fraction of what the dense layers do.
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ def _distinct(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarra
     """Trainers send each id once per delta; if one did not, its gradients are summed."""
     if len(ids) < 2 or bool((ids[1:] > ids[:-1]).all()):
         # Strictly increasing, as a trainer sends them: distinct, known in one pass, where
-        # np.unique's sort was a tenth of a shard's apply.
+        # np.unique's sort is a noticeable part of a shard's apply.
         return ids, grads.astype(np.float32, copy=False)
     unique, inverse = np.unique(ids, return_inverse=True)
     if len(unique) == len(ids):

@@ -160,7 +160,7 @@ class Check:
 def unchecked(cls: type[T], **fields: object) -> T:
     """An instance of the frozen dataclass `cls` holding `fields` as given, its own checks
     skipped: for values decoded from the wire or made by our own code, whose types the
-    format or the maker guarantees, where the checks were much of the cost (the caller
+    format or the maker guarantees, where the checks would be much of the cost (the caller
     checks what is left)."""
     out = object.__new__(cls)
     out.__dict__.update(fields)

@@ -230,7 +230,8 @@ class TrainSection:
             claim from the trainers live then (`trainer.policy.group_size`): 4 for one or two,
             2 for three or four, 1 beyond, so that the trainers' mini-batches in flight at
             once stay about 8. Fewer pushes cost the broker and the shards less a record; more
-            of the others' steps hidden at once cost AUC (bench/RESULTS.md).
+            of the others' steps hidden at once cost AUC (bench/RESULTS.md, "larger push groups
+            while few trainers share the model").
         pull_every: pull the dense parameters with a mini-batch's rows once m mini-batches
             have trained since their last pull.
         max_in_flight: async only: how many of its own pushes a trainer may have sent and not
@@ -239,21 +240,24 @@ class TrainSection:
             mini-batch trains on parameters that include every push of its trainer, exactly,
             and the others' published ones. Above 0 a trainer runs
             ahead of a slow pipeline and adds its pushes' estimated changes to the dense
-            blocks and rows it pulls (trainer/own.py). Unbounded, two trainers were up to 10
-            pushes apart and 0.01 AUC behind one process (bench/RESULTS.md). Must be 0 when
-            sync or bounded, which wait their own way.
+            blocks and rows it pulls (trainer/own.py). The bound is what keeps trainers from
+            drifting apart: unbounded, a slow moment of the pipeline leaves them many pushes
+            apart and behind one process in AUC (bench/RESULTS.md, "From docs/job-config.md").
+            Must be 0 when sync or bounded, which wait their own way.
         damp_stale: a dense gradient computed on blocks that have since taken n steps of other
-            trainers moves them by 1 / (1 + n) of the update rule's step (pserver/state.py).
-            Four trainers at full steps were 0.013-0.029 AUC behind one process
-            (bench/RESULTS.md); one trainer's steps are not, while its pushes land.
+            trainers moves them by 1 / (1 + n) of the update rule's step (pserver/state.py):
+            at full steps, several trainers' dense gradients, each computed before the others'
+            steps landed, overshoot and fall behind one process in AUC (bench/RESULTS.md,
+            "four trainers, and why they fell behind"). One trainer's steps are not damped,
+            while its pushes land.
         average_steps: what is scored (`streamtrain predict`, online inference) is, for the
             dense layers, an exponential moving average of their values over about this many
             steps of the update rule, or early on the last tenth of the steps taken
             (params/averages.py); trainers train on the
-            values themselves. Adam at a constant learning rate moves the output layer from
-            one mini-batch to the next: one process's mean prediction moved by 4-6% of the CTR
-            over its last steps, and by 1.1-1.2% averaged over 50 (bench/RESULTS.md). 0 or 1
-            scores the values themselves.
+            values themselves. Adam at a constant learning rate moves the output layer, and
+            with it the mean prediction, from one mini-batch to the next; the average moves far
+            less (bench/RESULTS.md, "the dense layers scored as an average of their last 50
+            steps"). 0 or 1 scores the values themselves.
         learning_rate: the optimizer's step size, applied by the pservers.
         torch_threads: a trainer's intra-op threads for forward and backward; 0 = torch's
             default (one per core).

@@ -70,7 +70,7 @@ class DenseSlice:
         them, or a trainer made them): a name of at most 255 bytes, integers in range,
         `values` a 1-D C-contiguous float32 array. Checks only that the name is not empty
         and the values finite: a shard decodes, and a trainer builds, several slices a push,
-        and the full checks were half of decoding."""
+        and the full checks would be half of decoding."""
         _slice_check.named_values("param", param, values)
         return unchecked(cls, param=param, block=block, offset=offset, values=values, base=base)
 

@@ -60,7 +60,7 @@ class ParamBlock:
         """From fields that have the wire's types already (a shard's own blocks: a name of at
         most 255 bytes, integers in range, `values` a 1-D C-contiguous float32 array). Checks
         only that the name is not empty and the values finite: a shard publishes every
-        changed block each round, and the full checks were most of encoding one."""
+        changed block each round, and the full checks would be most of encoding one."""
         _check.named_values("param", param, values)
         return unchecked(cls, param=param, block=block, version=version, values=values)
 
@@ -81,7 +81,7 @@ class ParamBlock:
         r.finish()
         # Widths and ranges hold by the wire format (a u32 block and count, a u64 version,
         # float32 values): only the name and the values' finiteness are left to check. A pull
-        # decodes every dense block, so the dataclass's own checks were half its decoding.
+        # decodes every dense block, so the dataclass's own checks would be half its decoding.
         _check.name("param", param)
         _check.finite("values", values)
         return unchecked(cls, param=param, block=block, version=version, values=values)

@@ -37,7 +37,7 @@ class RoundRows:
     def _decoded(cls, table: str, ids: np.ndarray, values: np.ndarray) -> RoundRows:
         """From fields `PublishedRound.from_bytes` read (uint64 ids, float32 rows, as many as
         ids, of a u16 width): what is left to check is a name, a width and finite values.
-        Trainers decode a few rounds every pull, and the full checks were half of it."""
+        Trainers decode a few rounds every pull, and the full checks would be half of it."""
         _check.decoded_rows("rows.", table, values)
         return unchecked(cls, table=table, ids=ids, values=values)
 

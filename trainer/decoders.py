@@ -249,8 +249,9 @@ class _JsonArrow:
     other, unsigned integer ids, the job's dense width, a label in [0, 1], a time of at least
     zero. Any other chunk (a missing or extra key, a record another type refuses, a record
     over several lines) returns None and goes through `_JsonFast`, which decides record by
-    record: so this decides speed, never a verdict. Alone, 2.4 µs a record in chunks of 4,096,
-    against 18-20 for msgspec's objects gathered into columns."""
+    record: so this decides speed, never a verdict. Alone it is several times faster than
+    msgspec's objects gathered into columns (bench/RESULTS.md, "cheaper decoding, a shard round
+    without lookups, pooling as a lookup")."""
 
     def __init__(self, fields: Sequence[str], dense_features: int) -> None:
         self.fields = tuple(fields)

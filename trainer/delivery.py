@@ -7,8 +7,8 @@ once each. Every attempt of a task sends its push groups in `seq` order, so the 
 (pserver/dedup.py) applies each `(task_id, seq)` exactly once, whichever attempt's copy
 arrives first: a redone task, a zombie, or one producer's deltas arriving after a failed
 commit add nothing twice. That is all exactly-once parameters need, and it is cheap: a Kafka
-transaction per push had cost the broker 1.5 ms of CPU more than the produce itself, a
-quarter of the whole job's CPU a record (bench/RESULTS.md, 2026-11-23).
+transaction per push costs the broker several times the produce itself, a large part of the
+whole job's CPU a record (bench/RESULTS.md, "deltas without transactions").
 
 What the ledger does not cover is a task's side outputs, its DLQ letters and its metrics
 record (`add`). Under `exactly_once` they wait for the task's commit and go out in one

@@ -27,7 +27,7 @@ def estimates_dense(config: JobConfig) -> bool:
     """Whether a step's dense change must be estimated: only if a later step may train before
     the shards publish it. Not when every step is pushed and pulled after this trainer's
     pushes are published (async with `max_in_flight` 0, or sync, `push_every` and
-    `pull_every` 1), where the estimate was 6% of the trainer's CPU for nothing. (A wait for
+    `pull_every` 1), where the estimate would cost the trainer CPU for nothing. (A wait for
     them that times out then trains without their estimates.) "auto" may group, so it does."""
     train = config.train
     return not (train.push_every == 1 and train.pull_every == 1 and (
@@ -66,10 +66,10 @@ class GroupTrainer:
         the group pulls again, so it trains on the other trainers' steps published meanwhile,
         with this group's earlier steps added as estimated (`OwnRows`, `OwnPushes.block`):
         the shards have not got them yet. The shards then apply the group's steps in order.
-        Pulled once for the whole group, the later mini-batches missed the others' steps of
-        that time: two trainers lost about 0.003 AUC at `push_every` 2 (bench/RESULTS.md).
-        Rows are not pulled a step ahead: rows missing one more own push cost a deep model up
-        to 0.012 AUC."""
+        Pulled once for the whole group, the later mini-batches would miss the others' steps
+        of that time, which costs AUC (bench/RESULTS.md, "push groups that pull before every
+        mini-batch"). Rows are not pulled a step ahead: rows missing one more own push cost a
+        deep model AUC (bench/RESULTS.md, "From docs/trainer.md")."""
         layout = self.rows
         for batch in batches:
             unique, inverse = np.unique(batch.ids, return_inverse=True)

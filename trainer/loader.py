@@ -22,8 +22,9 @@ the task trains as it would have. A child that dies again before handing over an
 
 The replacement is a standby: a second child, started when the first has read a range, that
 has imported, built its reader and decoder and waits. Starting a child cold is an interpreter's
-imports, which on a busy machine took seconds: most of a killed loader's recovery, and all of
-its slowest ones (bench/RESULTS.md). A standby taken is replaced at the next range. The
+imports, which on a busy machine take seconds: most of a killed loader's recovery, and all of
+its slowest ones (bench/RESULTS.md, "restarts forked warm; a loader's standby"). A standby
+taken is replaced at the next range. The
 active child is always the older of the two.
 """
 
@@ -280,7 +281,8 @@ def load_range(reader: RangeReader, decoder: ChunkDecoder, featurizer: Featurize
 
 def _prepared(decoder: ChunkDecoder, featurizer: Featurizer, msgs: list) -> Loaded:
     # Decoding makes a few containers per record, all freed by reference counting; left on,
-    # the cyclic collector ran every few hundred records and took 12% of the loader's time.
+    # the cyclic collector runs every few hundred records and takes a sizeable part of the
+    # loader's time.
     gc.disable()
     try:
         return _decoded(decoder, featurizer, msgs)

@@ -3,12 +3,12 @@ publish them.
 
 A push reaches the parameters a trainer pulls only after its commit, the shard's apply and the
 shard's next publish. Training on dense layers that miss its own last updates is what makes an
-asynchronous trainer diverge from the sequential loop: a deep model under Adam lost 0.07 AUC
-that way (bench/RESULTS.md). So a trainer keeps, per push, an estimate of what the push will
-change in each dense block, and adds the pushes a pull does not include yet to what the pull
-returns. Which pushes those are, the shards say: each publish round writes the newest step of
-every trainer its values include (`RedisKeys.applied`), read in the same transaction as the
-values. The trainer also uses them to bound its pushes in flight (trainer/steps.py `InFlight`).
+asynchronous trainer diverge from the sequential loop, a deep model under Adam the most
+(bench/RESULTS.md, "Figures moved from the code and the docs"). So a trainer keeps, per push,
+an estimate of what the push will change in each dense block, and adds the pushes a pull does
+not include yet to what the pull returns. Which pushes those are, the shards say: each publish
+round writes the newest step of every trainer its values include (`RedisKeys.applied`), read
+in the same transaction as the values. The trainer also uses them to bound its pushes in flight (trainer/steps.py `InFlight`).
 
 The estimate runs the job's own update rule on the push's gradients, with a local copy of the
 rule's state per block advanced by this trainer's gradients only, so Adam's moments are of the
@@ -18,9 +18,9 @@ when a later step may train before the shards publish a push: within a push grou
 rows then get the changes of the pushes it misses, as its dense blocks do (`add_rows`), and,
 within a push group, of the group's earlier steps, which no shard has yet. A
 fresh state per estimate would be wrong for the rows that matter most (for Adagrad it is `lr` a
-coordinate, far more than a row the shard has updated often takes: a logistic regression lost
-0.02 AUC to it); without row estimates a push or two in flight cost a deep model 0.008-0.013
-AUC, with them 0.002-0.005 (bench/RESULTS.md). By default a trainer waits for its pushes to be
+coordinate, far more than a row the shard has updated often takes); without row estimates a
+push or two in flight cost a deep model several times the AUC they cost with them
+(bench/RESULTS.md, "From docs/trainer.md"). By default a trainer waits for its pushes to be
 published before the next push group's first pull (`train.max_in_flight` 0): only the steps
 of the group being made are estimated.
 """

@@ -41,8 +41,9 @@ class RowLayout:
     Every table is looked up by the same hashed feature ids, so shards, Redis and gradient
     deltas keep one row per id holding each table's columns side by side (tables in name
     order): a pull reads, a push carries and a shard applies and publishes one key per id
-    instead of one per table and id. With WideDeep's two tables that halved the per-id work
-    that dominated Redis's and the shards' CPU (bench/RESULTS.md). One table keeps its name;
+    instead of one per table and id. With WideDeep's two tables that halves the per-id work,
+    which dominates Redis's and the shards' CPU (bench/RESULTS.md, "Figures moved from the
+    code and the docs"). One table keeps its name;
     several are named by theirs joined with "+" (`deep+wide`), so a model whose tables change
     meets rows of another width under another name rather than its old rows."""
 
@@ -97,9 +98,9 @@ class DenseLayout:
     built (seeded: `trainer.models.build_model`).
 
     Blocks span parameters rather than each parameter being blocks of its own: a deep model's
-    biases and small layers were blocks of 1 to 256 values (WideDeep's 6,529 values made 7
-    blocks, now 2), and each block costs every push, pull, apply and publish a few Python
-    objects and Redis keys whatever its size (bench/RESULTS.md). A parameter without a
+    biases and small layers would each be a block of 1 to 256 values, and each block costs
+    every push, pull, apply and publish a few Python objects and Redis keys whatever its size
+    (bench/RESULTS.md, "Figures moved from the code and the docs"). A parameter without a
     gradient in a step, in a block where others have one, sends zeros: its optimizer state
     moves on as if it had a zero gradient (torch.optim would skip it; the built-in models use
     every parameter every step)."""
@@ -127,8 +128,8 @@ class DenseLayout:
         # gradient computed on them was computed at (`DenseSlice.base`).
         self.bases: dict[tuple[str, int], int] = {}
         # Parameters on the CPU become views of `_values`: a load or an estimate written there
-        # is in the model at once, with no copy into each parameter (two copies a step were
-        # 2% of a trainer's main thread). Others (a GPU's) are copied into by `_write`.
+        # is in the model at once, with no copy into each parameter (which would be two
+        # copies a step). Others (a GPU's) are copied into by `_write`.
         self._shared = bool(params) and all(p.device.type == "cpu" and p.dtype == torch.float32 for _, p in params)
         if self._shared:
             flat = torch.from_numpy(self._values)
@@ -341,8 +342,9 @@ class GradientBuffer:
     """A push's gradients, one step (mini-batch) after another, split by owning shard.
 
     Steps are not summed: a shard applies each as a step of the update rule, in order, so a
-    push of several mini-batches trains as many steps as one process would (summed, they were
-    one step of a batch as large: 0.008 AUC lost at four, bench/RESULTS.md)."""
+    push of several mini-batches trains as many steps as one process would (summed, they would
+    be one step of a batch as large, which costs AUC: bench/RESULTS.md, "Figures moved from the
+    code and the docs")."""
 
     def __init__(self, slot_map: SlotMap, shards: int) -> None:
         self.slot_map = slot_map
@@ -362,8 +364,8 @@ class GradientBuffer:
         did) and of dense blocks (`DenseLayout.gradients`), computed at `bases`
         (`DenseLayout.bases`; none: 0)."""
         # Arrays of the wire's types already (the model's names are checked where they are
-        # made), so each piece is checked only for finite values: the full checks were half
-        # the cost of a step's gradients here.
+        # made), so each piece is checked only for finite values: the full checks would cost as
+        # much as the rest of a step's gradients here.
         if table is not None:
             ids = ids.astype(np.uint64, copy=False)
             grads = np.ascontiguousarray(grads, dtype=np.float32)

@@ -30,9 +30,9 @@ KAFKA_AWAY_S = 2.0  # the broker did not answer for 30 s: the next claim waits t
 Ending = Literal["released", "lost", "failed"]
 
 # `train.push_every = "auto"`: about this many mini-batches of all live trainers in flight at
-# once, and at most AUTO_GROUP_MAX in one push. Two trainers at 4 kept the AUC of 2 and
-# pushed at 3-10% less CPU a record; four trainers at 4 lost 0.01-0.03 AUC, at 2 none
-# (bench/RESULTS.md).
+# once, and at most AUTO_GROUP_MAX in one push. Two trainers at 4 keep the AUC of 2 at less
+# CPU a record; four trainers lose AUC at 4, none at 2 (bench/RESULTS.md, "larger push groups
+# while few trainers share the model").
 AUTO_IN_FLIGHT = 8
 AUTO_GROUP_MAX = 4
 

@@ -35,8 +35,8 @@ class RangeReader:
             "fetch.wait.max.ms": 50,
             # A range ends where the task does, but the consumer prefetches past it (by default
             # up to 100,000 messages or 64 MB) and unassign throws that away: a few thousand
-            # records ahead keep the decoder fed and halve the client's fetch CPU on
-            # 2000-record ranges. The backoff is how soon a fetcher that stopped at the limit
+            # records ahead keep the decoder fed and cut the client's fetch CPU on short
+            # ranges. The backoff is how soon a fetcher that stopped at the limit
             # looks again (the default second starves the reader).
             "queued.min.messages": 4096,
             "queued.max.messages.kbytes": 1024,

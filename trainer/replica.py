@@ -117,8 +117,9 @@ class RowReplica:
         those of shards followed only. A shard is followed from a flush on; a row read before
         the replica has seen any flush of its shard could be older than the flush it is then
         followed from, and the rounds up to that flush, passed over, would never bring it up to
-        date: one sync trainer trained its second step on 67 rows missing its first
-        (bench/RESULTS.md). A row read while its shard is followed is no older than the flush
+        date, and a step would train on rows missing the one before it (bench/RESULTS.md,
+        "the deep sync comparison's gap was a replica defect"). A row read while its shard is
+        followed is no older than the flush
         its position came from, and the rounds after it bring it up to date."""
         followed = np.array([self._positions[s] is not None for s in range(len(self._positions))])
         keep = followed[owners]

@@ -12,8 +12,8 @@ mini-batch trains on parameters that include every live trainer's step k. bounde
 trainer's own step is not yet visible at every shard, or while it is more than `staleness`
 steps ahead of the slowest trainer's visible step (`next_step`). Its own step is what bounds
 staleness under load: without it a trainer whose shards lag behind trains on parameters
-missing its own updates (CI measured an AUC 0.015 below the single-process run that way,
-against 0.001 on a quiet box, and four trainers allowed two unseen pushes each lost 0.025).
+missing its own updates, and loses AUC against the single-process run, the more the busier
+the machine (bench/RESULTS.md, "From docs/trainer.md").
 Waits are capped (`max_wait_s`): a shard that is down must not stall training forever; the
 cap is logged.
 """
@@ -103,8 +103,9 @@ class StepGate:
                             step, self.max_wait_s)
                 return step + 1
             check()
-            # Asleep until a shard writes its steps: polling the keys every millisecond cost
-            # bounded mode a third more CPU a record than async (bench/RESULTS.md). Nothing
+            # Asleep until a shard writes its steps: polling the keys every millisecond costs
+            # bounded mode noticeably more CPU a record than async (bench/RESULTS.md, "claims in
+            # arrival order; bounded mode waits for a trainer's own step"). Nothing
             # heard for a while (a lost message, a reconnection): the keys are read again.
             heard = self._written.wait(0.05)
             if heard:
@@ -139,8 +140,9 @@ def next_step(mode: SgdMode, step: int, steps: list[BarrierSteps], trainer_id: s
     sync: once every shard has released `step`. bounded: once every shard shows this trainer's
     own `step` and the slowest trainer is at most `staleness` steps behind it. Waiting for its
     own step is what keeps a trainer from training on rows that miss its own last pushes
-    (only the steps of the push being made are estimated, trainer/own.py): with four trainers allowed two own pushes
-    unseen, a WideDeep job fell 0.025-0.028 AUC behind one process (bench/RESULTS.md).
+    (only the steps of the push being made are estimated, trainer/own.py): trainers allowed
+    own pushes unseen fall behind one process in AUC (bench/RESULTS.md, "claims in arrival
+    order; bounded mode waits for a trainer's own step").
     """
     if mode.holds_at_barrier:
         released = min(s.next for s in steps)
