@@ -8,7 +8,7 @@ schedule; then the ledger is checked and recovery is timed.
 The workload is `bench.e2e`'s (production-like CTR records as CSV on a 2-partition topic,
 WideDeep, Adam); the job's `[train]` and `[tasks]` keep their defaults. Its master, 2 shards and
 2 trainers run as `streamtrain` processes under the supervisor `streamtrain job run` uses
-(streamtrain/supervisor.py), which restarts what dies. First a fault-free run of the job gives
+(streamtrain/runtime/supervisor.py), which restarts what dies. First a fault-free run of the job gives
 the reference rate and holdout AUC; then the same job runs again while every `--every-s` a
 fault from `--faults`, in a seeded shuffled order, hits it:
 
@@ -66,9 +66,9 @@ from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.errors import EtcdError
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.sharding import SlotMap
-from streamtrain.local import trainer_args
+from streamtrain.local import COMMAND, trainer_args
 from streamtrain.schemas import AppliedSteps, EtcdKeys, JobState, RedisKeys, ShardStats, partition_label
-from streamtrain.supervisor import Supervisor, pid_alive
+from streamtrain.runtime.supervisor import Supervisor, pid_alive
 from streamtrain.trainer.scoring import Scorer
 
 PROCESS_FAULTS = ("trainer", "loader", "shard", "master", "freeze")
@@ -307,7 +307,7 @@ class Chaos:
         config = JobConfig.from_toml(job_file.read_text())
         env = {"STREAMTRAIN_KAFKA": self.endpoints.kafka, "STREAMTRAIN_ETCD": self.endpoints.etcd,
                "STREAMTRAIN_REDIS": self.endpoints.redis}
-        sup = Supervisor(env, self.home / "logs" / name, grace_s=30)
+        sup = Supervisor(COMMAND, env, self.home / "logs" / name, grace_s=30)
         sup.add("master", ["master", "--job", str(job_file)])
         for i in range(SHARDS):
             sup.add(f"shard-{i}", ["pserver", "--job", name, "--index", str(i)])

@@ -53,8 +53,8 @@ class _Observed:
 
 def _rollback_pause(pause: list[Entry]) -> bool:
     """Whether `control/pause` is a rollback's: a checkpoint then would be of the timeline it
-    abandons. A resize pauses to take one (streamtrain/resizing.py), and a pause left after a
-    rollback (`--stay-paused`) is of the timeline kept."""
+    abandons. A resize pauses to take one (streamtrain/operations/resizing.py), and a pause left
+    after a rollback (`--stay-paused`) is of the timeline kept."""
     if not pause:
         return False
     try:
@@ -195,7 +195,7 @@ class Master:
         if rollback and (request := self._rollback_request(rollback[0].value)) and request.phase == "master":
             self._roll_back(request)
             return
-        # The shard count is the job file's until a resize changes it (streamtrain/resizing.py).
+        # The shard count is the job file's until a resize changes it (streamtrain/operations/resizing.py).
         checkpointing = self.checkpoints.step(request=checkpoint[0].value if checkpoint else None,
                                               busy=bool(rollback) or _rollback_pause(pause),
                                               shards=self.keys.ps_desired_of(desired[0].value) if desired else None)
@@ -223,8 +223,8 @@ class Master:
 
     def _roll_back(self, request: RollbackRequest) -> None:
         """Put cursors, task queues and job state back as a job-wide checkpoint recorded them
-        (streamtrain/checkpoints.py); then hand over to the shards. Idempotent: a master that
-        dies half-way leaves the phase at "master" and the next one starts over."""
+        (streamtrain/operations/checkpoints.py); then hand over to the shards. Idempotent: a
+        master that dies half-way leaves the phase at "master" and the next one starts over."""
         manifest = self.etcd.get(self.keys.checkpoint_job(request.to))
         if manifest is None:
             log.error("rollback to %s: no job manifest in etcd; ignoring the request", request.to)

@@ -91,7 +91,7 @@ class ShardController:
         to, ack = doc.to, self.keys.checkpoint_rolled_back(doc.to, self.index)
         if self.etcd.get(ack) is not None:
             return False
-        # The slots this shard owns now: a rollback after a resize (streamtrain/resizing.py)
+        # The slots this shard owns now: a rollback after a resize (streamtrain/operations/resizing.py)
         # loads a checkpoint of the new map.
         self.checkpoints.follow(SlotMap.from_json(self.etcd.get(self.keys.slots).value))
         end = self.shard.adopt(self.store.load(to, self.shard.state.rule, self.checkpoints.slots).state)

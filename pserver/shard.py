@@ -101,7 +101,7 @@ class ShardParts:
 
 
 class ShardLeft(StreamtrainError):  # noqa: N818  a signal to stop, not a failure
-    """A resize left this shard's index outside the slot map (streamtrain/resizing.py)."""
+    """A resize left this shard's index outside the slot map (streamtrain/operations/resizing.py)."""
 
 
 class PserverShard:

@@ -89,7 +89,7 @@ class JobConfig:
         return self.input.passes >= 1
 
     def with_shards(self, count: int) -> JobConfig:
-        """This config with ``pservers.count = count`` (a resized job's: streamtrain/resizing.py)."""
+        """This config with ``pservers.count = count`` (a resized job's: streamtrain/operations/resizing.py)."""
         return dataclasses.replace(self, pservers=dataclasses.replace(self.pservers, count=count))
 
     @classmethod

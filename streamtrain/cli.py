@@ -1,8 +1,10 @@
 """`streamtrain`: flags and environment are read here and nowhere else.
 
-One module on purpose (about 500 lines): each command is a typer declaration of its flags and
-a few lines that call the module doing the work, and keeping them together keeps the whole
-command line readable in one place, as docs/cli.md mirrors it."""
+One module on purpose: each command is a typer declaration of its flags and a few lines that
+call the module doing the work (a component, an operation, `LocalJob`, the console), and
+keeping them together keeps the whole command line readable in one place, as docs/cli.md
+mirrors it. The last part of the top package: only `streamtrain/__main__.py` imports it
+(tests/unit/test_layers.py)."""
 
 from __future__ import annotations
 
@@ -137,7 +139,7 @@ def demo(
 ) -> None:
     """Run the demo job: services up, a synthetic click stream, master, 2 pservers and 2 trainers
     under a supervisor, a live view of lag, AUC and freshness; a summary at the end."""
-    from streamtrain.demo import parse_resize, run_demo
+    from streamtrain.console.demo import parse_resize, run_demo
 
     try:
         resizes = [parse_resize(r) for r in resize or ()]
@@ -320,7 +322,7 @@ def curves_cmd(
 ) -> None:
     """Write a job's training curves for TensorBoard (loss, AUC, examples/s, bad records,
     freshness; step = cumulative examples) from <job>.metrics, until stopped."""
-    from streamtrain.curves import write_curves
+    from streamtrain.operations.curves import write_curves
 
     _setup_logging(verbose)
     try:
@@ -389,7 +391,7 @@ def predict_cmd(
     {"line": n, "score": p} or {"line": n, "error": reason} (the command goes on)."""
     import sys
 
-    from streamtrain.predict import PredictError, Predictor
+    from streamtrain.operations.predict import PredictError, Predictor
 
     try:
         predictor, client = Predictor.connect(Endpoints.resolve(), _job_name(job))
@@ -434,7 +436,7 @@ def checkpoint_cmd(
 ) -> None:
     """Checkpoint every pserver shard of a running job now; once all have registered it, record
     it as checkpoints/latest and print its id. Exits 1 naming the shards that did not answer."""
-    from streamtrain.checkpoints import CheckpointError, request_checkpoint
+    from streamtrain.operations.checkpoints import CheckpointError, request_checkpoint
     from streamtrain.jobstate.etcd import Etcd
 
     etcd = Etcd.connect(Endpoints.resolve())
@@ -457,7 +459,7 @@ def rollback_cmd(
 ) -> None:
     """Return the whole job to a checkpoint: shards load it and skip the gradients since, the
     master requeues the tasks trained since, trainers train them again."""
-    from streamtrain.checkpoints import CheckpointError, rollback
+    from streamtrain.operations.checkpoints import CheckpointError, rollback
     from streamtrain.jobstate.etcd import Etcd
     from streamtrain.schemas import EtcdKeys, LatestCheckpoint
 
@@ -487,10 +489,10 @@ def resize_cmd(
     """Move a running job to N parameter-server shards: checkpoint, move the fewest slots with
     their rows and optimizer state, roll back to the moved copy; trainers pause meanwhile. A
     shard that joins must be started (`pserver --job JOB --index i`); one that leaves stops."""
-    from streamtrain.checkpoints import CheckpointError
+    from streamtrain.operations.checkpoints import CheckpointError
     from streamtrain.jobstate.etcd import Etcd
     from streamtrain.pserver.storage import ShardStorage
-    from streamtrain.resizing import ResizeError, resize
+    from streamtrain.operations.resizing import ResizeError, resize
 
     name = _job_name(job)
     endpoints = Endpoints.resolve()
@@ -572,7 +574,7 @@ def job_run_cmd(
     """Run a whole job locally: its master, pservers.count shards and N trainers as child
     processes under a restarting supervisor, with a status line every few seconds, until
     Ctrl-C/SIGTERM. The services and input topics must already exist (`streamtrain up`)."""
-    from streamtrain.jobrun import run_job
+    from streamtrain.console.jobrun import run_job
     from streamtrain.local import LocalJob
 
     from streamtrain.jobstate.errors import LayoutChangedError

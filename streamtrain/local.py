@@ -9,18 +9,22 @@
         checkpoint = job.checkpoint()           # a rollback target, taken while it trains
     # leaving the block stops every process: SIGTERM, a grace period, SIGKILL
 
-The job's processes are `python -m streamtrain …` children of one restarting supervisor
-(`streamtrain.supervisor`): one master, `pservers.count` shards pinned to their indexes and N
+The job's processes are `python -m streamtrain …` children (`COMMAND`) of one restarting
+supervisor (`streamtrain.runtime.supervisor`): one master, `pservers.count` shards pinned to their indexes and N
 trainers, each with the endpoints in its environment and its output in `<log dir>/<name>.log`.
 A thread of this process restarts a child that exits; nothing needs to be called for that, so
 a notebook cell can return while the job trains. The same thread follows the job's shard count
 in etcd: after `streamtrain resize` (or `LocalJob.resize`) it starts the shards that join and
-lets the ones that leave stop for good; a job resized before has the slot map's count. The services (`streamtrain up`) and the input
-topic must exist. `streamtrain job run` and `streamtrain demo` are built on this class.
+lets the ones that leave stop for good; a job resized before has the slot map's count. The
+services (`streamtrain up`) and the input topic must exist. `status()` is a
+`streamtrain.monitor.Snapshot`, `checkpoint()` a `streamtrain.operations.checkpoints.Checkpoint`
+(both exported by `streamtrain`). `streamtrain job run` and `streamtrain demo` (the console)
+are built on this class.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -35,16 +39,34 @@ from streamtrain.infra.endpoints import state_home
 from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.errors import EtcdError
 from streamtrain.schemas import StreamtrainError
-from streamtrain.supervisor import Supervisor, pid_alive
+from streamtrain.runtime.command import Command
+from streamtrain.runtime.supervisor import Supervisor, pid_alive
 
 if TYPE_CHECKING:
-    from streamtrain.checkpoints import Checkpoint
     from streamtrain.jobstate.etcd import Etcd
-    from streamtrain.live import JobMonitor, Snapshot
-    from streamtrain.resizing import Resized
+    from streamtrain.monitor import JobMonitor, Snapshot
+    from streamtrain.operations.checkpoints import Checkpoint
+    from streamtrain.operations.resizing import Resized
 
 POLL_S = 0.2  # how soon an exited child is noticed (its restart backoff starts then)
 FOLLOW_S = 1.0  # how soon a resized job's shard count is followed
+
+# What every child of a local job runs: `python -m streamtrain ARGS` as a new interpreter, or,
+# forked warm (streamtrain.runtime.warm), `streamtrain.__main__:main` in a server that has
+# imported torch and the processes' code once.
+COMMAND = Command(
+    name="streamtrain",
+    argv=(sys.executable, "-m", "streamtrain"),
+    entry="streamtrain.__main__:main",
+    preload=(
+        "torch",  # most of it
+        "streamtrain.params.optimizer_kernels",  # numba, the shards' update rules
+        "streamtrain.master.service",
+        "streamtrain.pserver.shard",
+        "streamtrain.trainer.worker",
+        "streamtrain.__main__",  # the CLI
+    ),
+)
 
 
 def pserver_child(index: int) -> str:
@@ -126,7 +148,7 @@ class LocalJob:
         slot map's shard count (`config.pservers.count` becomes it)."""
         from streamtrain.jobstate.etcd import Etcd
         from streamtrain.jobstate.topics import ensure_job_topics, metrics_spec
-        from streamtrain.live import JobMonitor
+        from streamtrain.monitor import JobMonitor
         from streamtrain.master.service import read_slot_map, resized_note, settled_config
 
         if self.supervisor is not None:
@@ -151,7 +173,7 @@ class LocalJob:
             self.job_file.write_bytes(self.config.to_json())
         # The metrics topic as trainers would create it, so the status can be read from the start.
         ensure_job_topics(self.endpoints, self.config, [metrics_spec(self.name)])
-        self.supervisor = Supervisor(self.endpoints.env(), self.log_dir)
+        self.supervisor = Supervisor(COMMAND, self.endpoints.env(), self.log_dir)
         self.supervisor.add("master", ["master", "--job", str(self.job_file)])
         for i in range(self.config.pservers.count):
             self.supervisor.add(pserver_child(i), self._pserver_args(i))
@@ -273,7 +295,7 @@ class LocalJob:
         return events
 
     def status(self) -> Snapshot:
-        """Queues, members, examples trained, rolling AUC and loss, shard stats (`streamtrain.live`)."""
+        """Queues, members, examples trained, rolling AUC and loss, shard stats (`streamtrain.monitor`)."""
         return self._running_monitor().sample()
 
     def state(self) -> str | None:
@@ -304,7 +326,7 @@ class LocalJob:
 
     def checkpoint(self, wait_s: float = 60.0) -> Checkpoint:
         """A job-wide checkpoint, taken while the trainers train (`streamtrain checkpoint`)."""
-        from streamtrain.checkpoints import request_checkpoint
+        from streamtrain.operations.checkpoints import request_checkpoint
 
         return request_checkpoint(self._running_monitor().etcd, self.name, wait_s)
 
@@ -312,7 +334,7 @@ class LocalJob:
         """Move the job to `shards` parameter-server shards while it trains (`streamtrain
         resize`); the shards that join are started, the ones that leave stop."""
         from streamtrain.pserver.storage import ShardStorage
-        from streamtrain.resizing import resize
+        from streamtrain.operations.resizing import resize
 
         done = resize(self._running_monitor().etcd, ShardStorage(self.endpoints), self.name, shards, wait_s)
         self.note(f"resized from {done.shards_before} to {done.shards} shards: {done.moved_slots} slots moved "
@@ -321,7 +343,7 @@ class LocalJob:
 
     def rollback(self, checkpoint_id: str, wait_s: float = 120.0) -> None:
         """Return the whole job to a job-wide checkpoint (`streamtrain rollback`)."""
-        from streamtrain.checkpoints import rollback
+        from streamtrain.operations.checkpoints import rollback
 
         rollback(self._running_monitor().etcd, self.name, checkpoint_id, wait_s)
 

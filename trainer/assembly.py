@@ -125,7 +125,7 @@ def assemble(config: JobConfig, trainer_id: str, *, etcd: Etcd, redis_conn: redi
 
 def resharded(parts: TrainerParts, trainer_id: str, broker: Broker, device: torch.device,
               obs: TrainerMetrics) -> TrainerParts:
-    """`parts` under the job's slot map as etcd has it now (a resize, streamtrain/resizing.py):
+    """`parts` under the job's slot map as etcd has it now (a resize, streamtrain/operations/resizing.py):
     the parts that route by shard made again; the model, loader, delivery and committer kept.
     Call between tasks, with no push of this trainer in flight."""
     slot_map, revision = slot_map_of(parts.etcd, parts.config.name)

@@ -223,7 +223,7 @@ class Trainer:
         self.obs.task_ended(ending)
 
     def _reshard(self) -> None:
-        """The job was resized (streamtrain/resizing.py): push by the new slot map from the
+        """The job was resized (streamtrain/operations/resizing.py): push by the new slot map from the
         next task on. Its tasks claimed since were claimed after the pause the resize's
         rollback made, so no push under the old map is in flight."""
         self.parts = resharded(self.parts, self.trainer_id, self.broker, self.device, self.obs)

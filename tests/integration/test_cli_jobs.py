@@ -23,7 +23,7 @@ from streamtrain.jobstate.offsets import InputOffsets
 from streamtrain.master.service import Master
 from streamtrain.pserver.shard import PserverShard, ShardOptions
 from streamtrain.schemas import EtcdKeys, RedisKeys, ResizeRecord
-from streamtrain.supervisor import pid_alive
+from streamtrain.runtime.supervisor import pid_alive
 from test_trainer import MODEL, Background, applied_exactly, finished, make_job, write_examples
 from streamtrain.trainer.worker import Trainer
 
@@ -244,7 +244,7 @@ def test_job_status_shows_the_queues_the_members_and_the_slots_each_shard_owns(s
         text = " ".join(streamtrain(services, "job", "status", "--job", config.name).stdout.decode().split())
         assert "slots 256 over 2 shards (epoch 0): 0:128 1:128" in text and "resizing" not in text, text
         assert status["resizing"] is None
-        # A resize left half done (streamtrain/resizing.py): the status says so, and how to finish it.
+        # A resize left half done (streamtrain/operations/resizing.py): the status says so, and how to finish it.
         coord.put(EtcdKeys(config.name).control("resize"), ResizeRecord(3, "00000000000000000042", 1.0).to_json())
         status = json.loads(streamtrain(services, "job", "status", "--job", config.name, "--json").stdout)
         assert status["resizing"] == {"shards": 3, "checkpoint": "00000000000000000042", "at": 1.0}

@@ -13,8 +13,8 @@ import signal
 import pytest
 from rich.console import Console
 
-from streamtrain.demo import run_demo
-from streamtrain.supervisor import Supervisor, pid_alive
+from streamtrain.console.demo import run_demo
+from streamtrain.runtime.supervisor import Supervisor, pid_alive
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 

@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import Producer
 
 from conftest import wait_for
-from streamtrain.curves import write_curves
+from streamtrain.operations.curves import write_curves
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.infra.metrics import scrape as scrape_url
 from streamtrain.infra.metrics import serve_metrics

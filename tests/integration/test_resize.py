@@ -1,4 +1,4 @@
-"""Resizing a running job's parameter servers (streamtrain/resizing.py): 2 -> 3 -> 2 shards
+"""Resizing a running job's parameter servers (streamtrain/operations/resizing.py): 2 -> 3 -> 2 shards
 mid-pass, every example applied exactly once per shard by the shards' ledgers."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from conftest import wait_for
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.pserver.shard import PserverShard, ShardOptions
 from streamtrain.pserver.storage import ShardStorage
-from streamtrain.resizing import Resized, resize
+from streamtrain.operations.resizing import Resized, resize
 from streamtrain.schemas import EtcdKeys, RedisKeys
 from test_trainer import (MODEL, Background, applied_exactly, job_and_one_process_auc, job_holdout_auc, make_job,
                           run_job, write_examples)

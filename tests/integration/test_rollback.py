@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import StreamtrainProcess, wait_for
-from streamtrain.checkpoints import request_checkpoint, rollback
+from streamtrain.operations.checkpoints import request_checkpoint, rollback
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.jobstate.offsets import InputOffsets

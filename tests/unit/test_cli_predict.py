@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from streamtrain.predict import Predictor
+from streamtrain.operations.predict import Predictor
 from streamtrain.schemas import Example
 from streamtrain.trainer.decoders import make_decoder
 

@@ -1,10 +1,10 @@
-"""`streamtrain demo --resize T:N` (streamtrain/demo.py `parse_resize`)."""
+"""`streamtrain demo --resize T:N` (streamtrain/console/demo.py `parse_resize`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from streamtrain.demo import parse_resize
+from streamtrain.console.demo import parse_resize
 
 
 def test_a_resize_is_seconds_then_shards() -> None:

@@ -7,7 +7,7 @@ import uuid
 import pytest
 from prometheus_client import CollectorRegistry
 
-from streamtrain.curves import Curves
+from streamtrain.operations.curves import Curves
 from streamtrain.schemas import ShardStats, TaskReport
 from streamtrain.infra.metrics import scrape as scrape_url
 from streamtrain.infra.metrics import (PORT_ENV, MasterMetrics, PserverMetrics, TrainerMetrics, metrics_port,

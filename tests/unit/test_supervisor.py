@@ -1,9 +1,9 @@
-"""The supervisor (streamtrain/supervisor.py). Retiring a child: it is not restarted once it
-exits, and adding it again supervises it anew. Warm starts (streamtrain/warm.py): a child is
+"""The supervisor (streamtrain/runtime/supervisor.py). Retiring a child: it is not restarted once it
+exits, and adding it again supervises it anew. Warm starts (streamtrain/runtime/warm.py): a child is
 forked from the fork server and runs the command with the child's log as its output and
 its exit code; killed, it restarts at once; stopped, it ends.
-The children are real `streamtrain` commands; the fork server imports torch first, so the
-first start takes seconds."""
+The children are real `streamtrain` commands (`streamtrain.local.COMMAND`); the fork server
+imports torch first, so the first start takes seconds."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import time
 
 import pytest
 
-from streamtrain.supervisor import Supervisor, pid_alive
-from streamtrain.warm import Forked
+from streamtrain.local import COMMAND
+from streamtrain.runtime.supervisor import Supervisor, pid_alive
+from streamtrain.runtime.warm import Forked
 
 
 def _poll_until(supervisor: Supervisor, done, timeout_s: float = 90.0) -> list[str]:
@@ -30,7 +31,7 @@ def _poll_until(supervisor: Supervisor, done, timeout_s: float = 90.0) -> list[s
 
 
 def test_a_retired_child_that_exits_is_not_restarted_and_can_be_added_again(tmp_path) -> None:
-    supervisor = Supervisor({}, tmp_path, min_backoff_s=0.0)
+    supervisor = Supervisor(COMMAND, {}, tmp_path, min_backoff_s=0.0)
     try:
         child = supervisor.add("pserver-2", ["--help"])
         supervisor.retire("pserver-2")
@@ -48,7 +49,7 @@ def test_a_retired_child_that_exits_is_not_restarted_and_can_be_added_again(tmp_
 
 
 def test_a_child_retired_while_waiting_to_restart_is_not_started(tmp_path) -> None:
-    supervisor = Supervisor({}, tmp_path, min_backoff_s=30.0)
+    supervisor = Supervisor(COMMAND, {}, tmp_path, min_backoff_s=30.0)
     try:
         child = supervisor.add("pserver-1", ["--help"])
         _poll_until(supervisor, lambda: child.state == "restarting")
@@ -60,7 +61,7 @@ def test_a_child_retired_while_waiting_to_restart_is_not_started(tmp_path) -> No
 
 
 def test_children_start_warm_and_run_the_command_into_the_childs_log(tmp_path) -> None:
-    supervisor = Supervisor({}, tmp_path, min_backoff_s=0.0)
+    supervisor = Supervisor(COMMAND, {}, tmp_path, min_backoff_s=0.0)
     try:
         child = supervisor.add("trainer-0", ["--help"])
         assert isinstance(child.proc, Forked)
@@ -79,7 +80,7 @@ def test_a_warm_child_killed_from_outside_restarts_at_once_and_stops_with_the_su
     # A shard waiting for an etcd that is not there (its address from the environment given): it
     # runs until stopped.
     closed = {"STREAMTRAIN_ETCD": "127.0.0.1:1", "STREAMTRAIN_KAFKA": "127.0.0.1:1", "STREAMTRAIN_REDIS": "127.0.0.1:1"}
-    supervisor = Supervisor(closed, tmp_path, min_backoff_s=30.0, grace_s=5.0)
+    supervisor = Supervisor(COMMAND, closed, tmp_path, min_backoff_s=30.0, grace_s=5.0)
     try:
         child = supervisor.add("shard-0", ["pserver", "--job", "nothing", "--index", "0"])
         _poll_until(supervisor, lambda: "waiting" in child.log_path.read_text())
@@ -95,7 +96,7 @@ def test_a_warm_child_killed_from_outside_restarts_at_once_and_stops_with_the_su
 
 
 def test_without_warm_starts_each_start_is_a_new_interpreter(tmp_path) -> None:
-    supervisor = Supervisor({}, tmp_path, min_backoff_s=30.0, warm=False)
+    supervisor = Supervisor(COMMAND, {}, tmp_path, min_backoff_s=30.0, warm=False)
     try:
         child = supervisor.add("master", ["--help"])
         assert isinstance(child.proc, subprocess.Popen)
@@ -113,10 +114,12 @@ def _supervising(tmp_path, until: str, after: str = "", **popen) -> tuple[subpro
     script.write_text(
         "import json, signal, time\n"
         "from pathlib import Path\n"
-        "from streamtrain.supervisor import Supervisor\n"
+        "from streamtrain.local import COMMAND\n"
+        "from streamtrain.runtime.supervisor import Supervisor\n"
         "stopping = []\n"
         "signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))\n"
-        f"s = Supervisor({{'STREAMTRAIN_ETCD': '127.0.0.1:1'}}, Path({str(tmp_path / 'logs')!r}), grace_s=20)\n"
+        f"s = Supervisor(COMMAND, {{'STREAMTRAIN_ETCD': '127.0.0.1:1'}}, Path({str(tmp_path / 'logs')!r}),\n"
+        "               grace_s=20)\n"
         "c = s.add('shard-0', ['pserver', '--job', 'nothing', '--index', '0'])\n"
         "print(c.proc.pid, flush=True)\n"
         f"while not {until}:\n"

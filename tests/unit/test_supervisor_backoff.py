@@ -1,10 +1,10 @@
-"""The supervisor's restart policy (streamtrain/supervisor.py `restart_backoff`)."""
+"""The supervisor's restart policy (streamtrain/runtime/supervisor.py `restart_backoff`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from streamtrain.supervisor import restart_backoff
+from streamtrain.runtime.supervisor import restart_backoff
 
 POLICY = {"min_s": 1.0, "max_s": 30.0, "healthy_after_s": 10.0}
 

@@ -29,7 +29,7 @@ from rich.live import Live
 
 from streamtrain.infra import Endpoints, LocalServices
 from streamtrain.infra.signals import handle_stop_signals
-from streamtrain.supervisor import Supervisor
+from streamtrain.runtime.supervisor import Supervisor
 
 if TYPE_CHECKING:
     from streamtrain.local import LocalJob
@@ -197,7 +197,7 @@ def run_demo(target: LocalServices | Endpoints, console: Console, *, home: Path 
     on every refresh (tests use it to inject faults).
     """
     from streamtrain.schemas.config import JobConfig
-    from streamtrain.live import follow, headlines, render
+    from streamtrain.console.live import follow, headlines, render
     from streamtrain.local import LocalJob
 
     started = time.monotonic()

@@ -4,9 +4,9 @@ The job file's processes run as a `streamtrain.local.LocalJob`: `python -m strea
 children of one supervisor (the demo's): one master, `pservers.count` shards (pinned to their
 indexes) and N trainers, each with the current endpoints (`Endpoints.resolve()`) in its
 environment and its output in `<log dir>/<name>.log`. A child that exits unexpectedly is
-restarted with backoff. A status line (`streamtrain.live.headline`) is printed every few
-seconds, and an event when a bounded job has trained its last pass. Ctrl-C or SIGTERM stops the
-children (SIGTERM, grace period, SIGKILL) and returns.
+restarted with backoff. A status line (`live.headline`) is printed every few seconds, and an
+event when a bounded job has trained its last pass. Ctrl-C or SIGTERM stops the children
+(SIGTERM, grace period, SIGKILL) and returns.
 
 Unlike `streamtrain demo`, nothing else is started: the services and the input topic must exist.
 """
@@ -27,7 +27,7 @@ def run_job(job: LocalJob, console: Console, stop: threading.Event | None = None
     """Run `job` (not yet started) until SIGINT/SIGTERM or `stop` is set; print its status
     meanwhile and a summary at the end."""
     from streamtrain.infra.signals import handle_stop_signals
-    from streamtrain.live import follow, headline, headlines
+    from streamtrain.console.live import follow, headline, headlines
 
     stop = stop or threading.Event()
     restore = handle_stop_signals(stop)

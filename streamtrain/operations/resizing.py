@@ -13,7 +13,7 @@ A resize is a rollback to a resharded copy of a fresh checkpoint:
    `control/resize` change in one etcd transaction, taken only if the map is still the one X
    was cut under. Should the command stop after it, running it again finishes the resize from
    the record.
-5. The job rolls back to X' (streamtrain/checkpoints.py `rollback`): the master puts X's
+5. The job rolls back to X' (checkpoints.py `rollback`): the master puts X's
    cursors and queues back (as they are), and every shard of the new map loads its part of X'
    (a shard that joins must be running to do so; one that leaves stops). Resumed, the trainers
    switch to the new map before their next task.
@@ -34,7 +34,7 @@ from streamtrain.pserver.resharding import regroup
 from streamtrain.pserver.storage import ShardStorage
 from streamtrain.schemas import EtcdKeys, ResizeRecord, ShardCheckpoint, StreamtrainError, Topics
 from streamtrain.schemas.config import JobConfig
-from streamtrain.checkpoints import Paused, request_checkpoint, rollback
+from streamtrain.operations.checkpoints import Paused, request_checkpoint, rollback
 
 
 class ResizeError(StreamtrainError, RuntimeError):

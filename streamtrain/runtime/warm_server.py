@@ -1,5 +1,5 @@
-"""Imported first, and only, by the fork server of streamtrain/warm.py, before anything else it
-preloads: the server is the parent of every child of a job, so it keeps out of the way of
+"""Imported first, and only, by the fork server of warm.py, before anything else it
+preloads: the server is the parent of every child of a supervisor, so it keeps out of the way of
 signals meant for the supervisor.
 
 - Its own session: a SIGTERM or SIGHUP to the supervisor's process group (`kill %1`, a closed

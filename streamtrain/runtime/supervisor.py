@@ -1,19 +1,25 @@
-"""A tiny process supervisor for the demo: start `streamtrain …` children, restart the ones that
-exit unexpectedly (with exponential backoff, counting restarts), stop them all on request.
+"""A tiny process supervisor: start a `Command`'s children, restart the ones that exit
+unexpectedly (with exponential backoff, counting restarts), stop them all on request.
 
-What Kubernetes (restartPolicy: Always, CrashLoopBackOff) does for a real deployment, reduced to
-one machine. Children run in their own session, so a Ctrl-C in the terminal reaches only the
-supervisor, which then stops them in order: SIGTERM, a grace period, SIGKILL for stragglers. On
-Linux each child also asks the kernel for SIGTERM should the supervisor die without cleaning up
-(PR_SET_PDEATHSIG), so even a SIGKILLed demo leaves no stray process.
+Every local job runs under one (`streamtrain.local.LocalJob`, and through it `job run`, the
+demo and the Python API): what Kubernetes (restartPolicy: Always, CrashLoopBackOff) does for a
+real deployment, reduced to one machine. Children run in their own session, so a Ctrl-C in the
+terminal reaches only the supervisor, which then stops them in order: SIGTERM, a grace period,
+SIGKILL for stragglers. On Linux each child also asks the kernel for SIGTERM should the
+supervisor die without cleaning up (PR_SET_PDEATHSIG), so even a SIGKILLed supervisor leaves no
+stray process.
 
-Children start warm (streamtrain/warm.py): forked from a server that has imported torch and
-the job's code once, so a start or a restart imports nothing, however many come at once. Most
-of a restarted trainer's recovery was its imports. If the fork server cannot start a child,
-that child and every later one starts as a new interpreter.
+Children start warm (warm.py): forked from a server that has imported the command's code
+(`Command.preload`: for streamtrain, torch and the job's code) once, so a start or a restart
+imports nothing, however many come at once: started cold, a restarted trainer spends most of
+its recovery importing (bench/RESULTS.md, docs/chaos.md). If the fork server cannot start a
+child, that child and every later one starts as a new interpreter (`Command.argv`).
 
-Not thread-safe: call `poll()` and `stop()` from the thread that called `start()` (the parent-death
-signal is tied to the thread that forked the child).
+Not thread-safe: calls must not overlap (`LocalJob` starts its children before its poller
+thread runs, then makes every call under one lock). A child started as a new interpreter gets its parent-death
+signal when the thread that started it ends, not the process (PR_SET_PDEATHSIG follows the
+thread): start children from a thread that lives as long as they should. A warm child's
+follows the fork server instead, which ends with the supervisor's process.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streamtrain.warm import Forked, start as start_warm
+from .command import Command
+from .warm import Forked, start as start_warm
 
 _PR_SET_PDEATHSIG = 1
 
@@ -86,14 +93,15 @@ def restart_backoff(previous_s: float, ran_s: float, returncode: int, *, min_s: 
 
 
 class Supervisor:
-    """Starts children as `python -m streamtrain ARGS`, with `env` added to this process's
-    environment and stdout/stderr appended to `<log_dir>/<name>.log`."""
+    """Starts children as `command ARGS`, with `env` added to this process's environment and
+    stdout/stderr appended to `<log_dir>/<name>.log`."""
 
-    def __init__(self, env: Mapping[str, str], log_dir: Path, *, min_backoff_s: float = 1.0,
+    def __init__(self, command: Command, env: Mapping[str, str], log_dir: Path, *, min_backoff_s: float = 1.0,
                  max_backoff_s: float = 30.0, healthy_after_s: float = 10.0,
                  grace_s: float = 15.0, warm: bool = True) -> None:
-        """`warm`: children forked from the fork server (streamtrain/warm.py); otherwise each
-        start is a new interpreter."""
+        """`warm`: children forked from the fork server (warm.py); otherwise each start is a
+        new interpreter."""
+        self.command = command
         self.env = {**os.environ, **env}
         self.log_dir = log_dir
         self.min_backoff_s = min_backoff_s
@@ -107,7 +115,7 @@ class Supervisor:
         log_dir.mkdir(parents=True, exist_ok=True)
 
     def add(self, name: str, args: Sequence[str] | Callable[[], Sequence[str]]) -> Child:
-        """Start `python -m streamtrain ARGS` as `name`; `args` may be a callable, evaluated at every
+        """Start `command ARGS` as `name`; `args` may be a callable, evaluated at every
         (re)start, for a command that must resume where its predecessor stopped. A retired
         child of that name is supervised again (started if it has exited), with these args."""
         child = self.children.get(name)
@@ -148,12 +156,12 @@ class Supervisor:
         args = list(child.args() if callable(child.args) else child.args)  # may raise: see poll()
         with open(child.log_path, "ab") as log:
             log.write(f"--- {time.strftime('%H:%M:%S')} supervisor: starting {child.name} "
-                      f"(restart {child.restarts}): streamtrain {' '.join(args)}\n".encode())
+                      f"(restart {child.restarts}): {self.command.name} {' '.join(args)}\n".encode())
             log.flush()
             child.proc = self._forked(args, child.log_path)
             if child.proc is None:
                 child.proc = subprocess.Popen(
-                    [sys.executable, "-m", "streamtrain", *args], env=self.env,
+                    [*self.command.argv, *args], env=self.env,
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     start_new_session=True,
                     preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
@@ -166,7 +174,7 @@ class Supervisor:
         if not self.warm:
             return None
         try:
-            return start_warm(args, log_path, self.env)
+            return start_warm(self.command, args, log_path, self.env)
         except Exception as exc:  # noqa: BLE001  a new interpreter does as well, only slower
             self.warm = False
             self._events.append(f"warm starts failed ({exc!r}); every start is a new interpreter from now on")
