@@ -1,7 +1,7 @@
 """`streamtrain checkpoint` and `streamtrain rollback --to`: job-wide checkpoints.
 
 `request_checkpoint` asks the job's master for one, taken while the trainers go on
-(jobstate/checkpoints.py: the master records the job's cursors and queues and slices nothing
+(jobstate/job_checkpoints.py: the master records the job's cursors and queues and slices nothing
 until every shard has checkpointed at its gradient topic's log end, which holds every delta of
 every task the record calls done). The master takes one the same way every
 `pservers.checkpoint_every_s`.
@@ -94,7 +94,7 @@ class Paused:
 
 
 def request_checkpoint(etcd: Etcd, job: str, wait_s: float = 60.0, poll_s: float = 0.2) -> Checkpoint:
-    """Ask the job's master for a job-wide checkpoint (jobstate/checkpoints.py), taken while
+    """Ask the job's master for a job-wide checkpoint (jobstate/job_checkpoints.py), taken while
     the trainers go on, and wait until it is named the latest: `rollback` can return to it.
 
     Raises:
