@@ -40,7 +40,9 @@ _EXPORTS = {
     "Predictor": "streamtrain.predict",
     "StreamtrainError": "streamtrain.schemas",
 }
-__all__ = sorted(_EXPORTS)
+# Spelled out (it is sorted(_EXPORTS)) so that linters see the TYPE_CHECKING imports exported.
+__all__ = ["Endpoints", "JobConfig", "JobConfigError", "LocalJob", "LocalJobError", "LocalJobResult", "LocalServices",
+           "Predictor", "StreamtrainError"]
 
 
 def __getattr__(name: str) -> object:

@@ -374,7 +374,7 @@ def job_status_cmd(
 @app.command("predict")
 def predict_cmd(
     job: JobOpt,
-    source: Annotated[str, typer.Argument(metavar="[FILE|-]", 
+    source: Annotated[str, typer.Argument(metavar="[FILE|-]",
         help="File of records, one per line in the job's input.format (base64 lines for binary, avro and protobuf); "
         "'-' or nothing reads stdin.", show_default=False)] = "-",
     as_json: Annotated[bool, typer.Option(
