@@ -90,8 +90,9 @@ class Holder:
     def from_json(cls, data: bytes | str) -> Holder:
         """Raises: SchemaError."""
         doc = _json.loads(_holder, data)
-        return cls(*_json.required(_holder, doc, "role", "name", "pid", "host"), doc.get("boot", ""),
-                   doc.get("pidns", ""), doc.get("since", 0.0), doc.get("address"))
+        role, name, pid, host = _json.required(_holder, doc, "role", "name", "pid", "host")
+        return cls(role, name, pid, host, doc.get("boot", ""), doc.get("pidns", ""), doc.get("since", 0.0),
+                   doc.get("address"))
 
 
 @dataclass(frozen=True)
