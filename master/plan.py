@@ -124,7 +124,7 @@ def fold(cursor: PartitionCursor, resolved: Iterable[TaskRecord],
     by_start = {t.start: t for t in resolved
                 if t.pass_no == cursor.pass_no and t.start >= cursor.trained}
     trained = cursor.trained
-    folded = []
+    folded: list[TaskRecord] = []
     while (limit is None or len(folded) < limit) and (task := by_start.get(trained)) is not None:
         folded.append(task)
         trained = task.end

@@ -219,9 +219,9 @@ def _restore(blobs: dict[str, bytes], rule: UpdateRule) -> ShardState:
         for s in rule.state_names:
             table.state[s][rows] = _load_npy(blobs[f"{f}.state.{s}.npy"])
         state.tables[meta.name] = table
-    for meta in index.dense:
-        f = meta.file
-        state.dense[(meta.param, meta.block)] = DenseBlock(
+    for block in index.dense:
+        f = block.file
+        state.dense[(block.param, block.block)] = DenseBlock(
             _load_npy(blobs[f"{f}.values.npy"]),
             {s: _load_npy(blobs[f"{f}.state.{s}.npy"]) for s in rule.state_names},
             _load_npy(blobs[f"{f}.steps.npy"]),

@@ -101,16 +101,19 @@ class GradientLog:
                 if error.code() != KafkaError._PARTITION_EOF:
                     log.warning("shard %d: consumer error: %s", self.shard, error)
                 continue
-            self.next_offset = msg.offset() + 1
+            offset = msg.offset()
+            assert offset is not None  # a consumed message, not an error: it has one
+            self.next_offset = offset + 1
             try:
-                delta = GradientDelta.from_bytes(msg.value())
+                # A value of None (a tombstone) is refused with SchemaError, and dead-lettered below.
+                delta = GradientDelta.from_bytes(msg.value())  # type: ignore[arg-type]
                 if delta.shard != self.shard:
                     raise BadDeltaError(f"delta for shard {delta.shard} on shard {self.shard}'s topic")
                 fits(delta)
             except (SchemaError, BadDeltaError) as exc:
                 self._dead_letter(msg, str(exc))
                 continue
-            yield delta, msg.offset()
+            yield delta, offset
         # The position also moves past transaction markers, which are never delivered: without
         # it a shard whose last record is a commit marker would never reach the stable end.
         position = self._consumer.position([TopicPartition(self.topic, 0)])[0].offset

@@ -310,6 +310,7 @@ class PendingFetch:
         """The rounds read go into the replica first, then the rows read from keys that no
         round brought meanwhile; the batch's rows are the replica's and those."""
         replica, cold, ids = self._sync.replica, self._cold, self._ids
+        assert replica is not None and cold is not None  # a cold part is only made with a replica
         replica.apply(pull.rounds, pull.flushed)
         slots = cold.slots
         if replica.generation != cold.generation:
