@@ -110,7 +110,7 @@ class JobMonitor:
                 if msg.error():
                     continue
                 try:
-                    report = TaskReport.from_json(msg.value())
+                    report = TaskReport.from_json(msg.value() or b"")  # no value: refused, as None was
                 except SchemaError:
                     continue
                 if report.task_id in self.seen:  # a re-run task (timeout, zombie): count it once
@@ -130,7 +130,8 @@ class JobMonitor:
             snap.queues = status.queues
             snap.lag_by_partition = {partition_label(p.topic, p.partition): p.lag for p in status.partitions}
             lags = [p.lag for p in status.partitions]
-            snap.lag = sum(lags) if lags and None not in lags else None
+            known = [lag for lag in lags if lag is not None]
+            snap.lag = sum(known) if lags and len(known) == len(lags) else None
             snap.leader_pid = status.leader.pid if status.leader else None
             snap.trainers = len(status.members.trainers)
             snap.pservers = len(status.members.pservers)
@@ -144,7 +145,7 @@ class JobMonitor:
             snap.errors.append(f"metrics: {exc}")
         try:
             raw = self.nodes.get_each(self.stats_keys)
-            snap.shards = [ShardStats.from_json(raw[i]) if raw[i] else None for i in self.stats_keys]
+            snap.shards = [ShardStats.from_json(value) if (value := raw[i]) else None for i in self.stats_keys]
             applied = [s.examples for s in snap.shards if s is not None]
             snap.applied = min(applied) if applied and len(applied) == len(snap.shards) else None
         except Exception as exc:  # noqa: BLE001
@@ -160,16 +161,16 @@ class JobMonitor:
             snap.examples_per_s = (self.examples - n0) / (now - t0)
 
         recent = list(self.recent)
-        scored = [r for r in recent if r.auc is not None]
+        scored = [(r.auc, r.examples) for r in recent if r.auc is not None]
         if scored:
-            weight = sum(r.examples for r in scored)
-            snap.auc = sum(r.auc * r.examples for r in scored) / weight
+            weight = sum(examples for _, examples in scored)
+            snap.auc = sum(auc * examples for auc, examples in scored) / weight
             if self.first_auc_s is None:
                 self.first_auc_s = snap.elapsed_s
             self.auc_history.append((snap.elapsed_s, snap.auc))
-        with_loss = [r for r in recent if r.loss is not None]
+        with_loss = [(r.loss, r.examples) for r in recent if r.loss is not None]
         if with_loss:
-            snap.loss = sum(r.loss * r.examples for r in with_loss) / sum(r.examples for r in with_loss)
+            snap.loss = sum(loss * examples for loss, examples in with_loss) / sum(examples for _, examples in with_loss)
         timed = [r for r in recent if r.max_event_time_ms]
         if timed:
             snap.event_to_trained_s = statistics.median(r.finished_at - r.max_event_time_ms / 1000 for r in timed)
@@ -187,6 +188,7 @@ def follow(job: LocalJob, stop: threading.Event, deadline: float | None, events:
     snap = None
     while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
         if on_tick is not None:
+            assert job.monitor is not None and job.supervisor is not None  # ticks are of a started job
             on_tick(time.monotonic() - job.monitor.started, job.supervisor)
         events.extend(job.events())
         snap = job.status()
@@ -268,8 +270,8 @@ def render(snap: Snapshot, supervisor: Supervisor, job: str, events: list[str]) 
         procs.add_row(c.name, f"[{colour}]{c.state}[/{colour}]", _num(c.pid, "{}"), str(c.restarts),
                       _num(c.last_exit, "{}"), detail)
 
-    parts = [top, procs]
+    shown: list[Table | Text] = [top, procs]
     if events or snap.errors:
-        parts.append(Text("\n".join([*events[-3:], *snap.errors[-2:]]), style="dim"))
-    parts.append(Text("Ctrl-C stops the demo: children get SIGTERM, then the services stop.", style="dim"))
-    return Group(*parts)
+        shown.append(Text("\n".join([*events[-3:], *snap.errors[-2:]]), style="dim"))
+    shown.append(Text("Ctrl-C stops the demo: children get SIGTERM, then the services stop.", style="dim"))
+    return Group(*shown)
