@@ -102,7 +102,7 @@ class ParamClient:
         # A connection per node kept between pulls: the pool's checkout checks each one for
         # unread data and counts it, 2% of a trainer's main thread at a pull a mini-batch. One
         # that went bad meanwhile (a restarted Redis) fails its pull, which is retried.
-        self._idle: dict[int, tuple[redis.ConnectionPool, redis.connection.AbstractConnection]] = {}
+        self._idle: dict[int, tuple[redis.ConnectionPool, redis.Connection]] = {}
 
     def _checkout(self, pool: redis.ConnectionPool):
         kept = self._idle.pop(id(pool), None)  # the pool is held there: its id is not reused
@@ -287,7 +287,7 @@ class ParamClient:
         missing = [s for s, v in zip(shards, raw) if v is None]
         if missing:
             raise ParamsUnavailableError(missing)
-        return {s: int(v) for s, v in zip(shards, raw)}
+        return {s: int(v) for s, v in zip(shards, raw) if v is not None}  # every one (`missing`)
 
 
 class _ShardKeys:
@@ -334,7 +334,7 @@ class PendingPull:
         self._rows = rows
         self._blocks = blocks
         self._reads = reads
-        self._sent: list[tuple[redis.ConnectionPool, object, list[tuple[_ShardRead, int]]]] = []
+        self._sent: list[tuple[redis.ConnectionPool, redis.Connection, list[tuple[_ShardRead, int]]]] = []
         try:
             for node, shards in client.nodes.by_node([r.shard for r in reads]):
                 pool = node.connection_pool

@@ -122,10 +122,11 @@ class GradientLog:
 
     def _dead_letter(self, msg: Message, reason: str) -> None:
         self.bad += 1
-        log.warning("shard %d: bad gradient message at %s:%d: %s", self.shard, msg.topic(), msg.offset(), reason)
-        letter = DeadLetter(msg.topic(), msg.partition(), msg.offset(), reason, msg.value() or b"",
-                            self.job, int(time.time() * 1000))
-        self._dlq.produce(self.dlq_topic, letter.to_json(), key=f"{msg.topic()}:{msg.partition()}:{msg.offset()}".encode())
+        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        assert topic is not None and partition is not None and offset is not None  # a consumed record has them
+        log.warning("shard %d: bad gradient message at %s:%d: %s", self.shard, topic, offset, reason)
+        letter = DeadLetter(topic, partition, offset, reason, msg.value() or b"", self.job, int(time.time() * 1000))
+        self._dlq.produce(self.dlq_topic, letter.to_json(), key=f"{topic}:{partition}:{offset}".encode())
         self._dlq.poll(0)
 
     def _bounds(self, earliest: bool = True) -> Bounds:

@@ -348,6 +348,7 @@ class PserverShard:
         state, parts = self.state, self.parts
         publishing, checkpoints = parts.publishing, parts.checkpoints
         by_partition = state.examples_by_partition()
+        assert publishing.version is not None  # taken while serving: after the first round
         return ShardStats(
             shard=self.index, pid=os.getpid(), serving=self.serving, at=time.time(),
             version=publishing.version, offset=parts.grads.next_offset, deltas=self.counters.deltas,

@@ -92,8 +92,9 @@ class GroupTrainer:
         the model when `train.pull_every` mini-batches have trained since their last pull."""
         started = time.perf_counter()
         layout = self.rows
-        dense = self.since_dense is None or self.since_dense >= self.pull_every
-        self.since_dense = 1 if dense else self.since_dense + 1
+        since = self.since_dense
+        dense = since is None or since >= self.pull_every
+        self.since_dense = 1 if dense or since is None else since + 1
         # Each row's shard, hashed once: the pull needs the shards' versions, the push splits by them.
         owners = self.slot_map.shard_of_rows(layout.name, ids) if layout.width else None
         request = {layout.name: layout.width} if layout.width else {}

@@ -56,7 +56,7 @@ class StepGate:
 
     def _read_each(self) -> list[BarrierSteps | None]:
         raw = self._nodes.get_each(self._keys)
-        return [BarrierSteps.from_json(raw[s]) if raw[s] else None for s in self._keys]
+        return [BarrierSteps.from_json(value) if (value := raw[s]) else None for s in self._keys]
 
     def _read_if_up(self) -> list[BarrierSteps | None]:
         """As `_read_each`; none read while Redis is away (it may be restarting)."""
