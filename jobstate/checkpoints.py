@@ -118,7 +118,8 @@ def restore_batches(keys: EtcdKeys, record: bytes) -> list[list[Op]]:
     if saved.state is not None:
         ops.append(put_op(keys.state, saved.state.to_json()))
     todo = [put_op(keys.task("todo", t.task_id), t.to_json()) for round_ in queue.rounds_of(readable) for t in round_]
-    clear: list[Op] = [delete_prefix_op(keys.tasks_prefix), delete_prefix_op(keys.cursors_prefix), delete_op(keys.state)]
+    clear: list[Op] = [delete_prefix_op(keys.tasks_prefix), delete_prefix_op(keys.cursors_prefix),
+                       delete_op(keys.state)]
     return [clear] + [ops[i:i + MAX_TXN_OPS - 1] for i in range(0, len(ops), MAX_TXN_OPS - 1)] \
         + [todo[i:i + MAX_TXN_OPS] for i in range(0, len(todo), MAX_TXN_OPS)]
 

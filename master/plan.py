@@ -86,7 +86,8 @@ def _waiting(cursor: PartitionCursor, end: int) -> int:
     return (end if cursor.stop is None else min(end, cursor.stop)) - cursor.next
 
 
-def transactions(tasks: Sequence[TaskRecord], max_ops: int) -> list[tuple[list[TaskRecord], dict[tuple[str, int], int]]]:
+def transactions(tasks: Sequence[TaskRecord],
+                 max_ops: int) -> list[tuple[list[TaskRecord], dict[tuple[str, int], int]]]:
     """`tasks` (in the order they are to be claimed) as consecutive transactions, each with
     the end of its last task in every partition it reaches: the cursor put that covers them.
 

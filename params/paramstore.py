@@ -136,7 +136,8 @@ class ParamClient:
         pull = self.pull({table: (ids, dim)}, [])
         return Pulled(pull.rows[table], pull.versions)
 
-    def pull_blocks(self, blocks: Iterable[tuple[str, int]]) -> tuple[dict[tuple[str, int], np.ndarray], dict[int, int]]:
+    def pull_blocks(self,
+                    blocks: Iterable[tuple[str, int]]) -> tuple[dict[tuple[str, int], np.ndarray], dict[int, int]]:
         """Dense blocks by (param, block); a block never trained is absent from the result."""
         pull = self.pull({}, list(blocks))
         return pull.blocks, pull.versions

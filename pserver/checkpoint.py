@@ -26,8 +26,8 @@ from streamtrain.params.optimizers import UpdateRule
 from streamtrain.params.rows import RowTable
 from streamtrain.pserver.dedup import Dedup
 from streamtrain.pserver.state import DenseBlock, ShardState
-from streamtrain.schemas import (CheckpointManifest, ExampleCounts, FileEntry, SavedBlock, SavedTable, SchemaError, StateIndex,
-                                 StreamtrainError)
+from streamtrain.schemas import (CheckpointManifest, ExampleCounts, FileEntry, SavedBlock, SavedTable, SchemaError,
+                                 StateIndex, StreamtrainError)
 
 MANIFEST = "MANIFEST.json"
 
@@ -155,8 +155,8 @@ class CheckpointStore:
             # Its rows of slots moved away would be served twice, those of slots moved in never.
             raise SlotsMismatchError(
                 f"checkpoint {checkpoint_id} of shard {self.shard} holds the parameters of "
-                f"{_slots_text(manifest.slots)} (slot map epoch {manifest.epoch}), but the job's slot map now gives this shard "
-                f"{_slots_text(slots)}: a checkpoint taken under another slot map cannot be loaded")
+                f"{_slots_text(manifest.slots)} (slot map epoch {manifest.epoch}), but the job's slot map now "
+                f"gives this shard {_slots_text(slots)}: a checkpoint taken under another slot map cannot be loaded")
         blobs = {}
         for entry in manifest.files:
             blob = self._read(f"{directory}/{entry.path}")

@@ -252,9 +252,10 @@ class JobRecord:
     def from_json(cls, data: bytes | str) -> JobRecord:
         """Raises: SchemaError."""
         doc = _json.loads(_record, data)
-        cursors, todo, done, failed = [tuple(_kept_at(item, f"{k}[{i}]")
-                                             for i, item in enumerate(_json.array(_record, _json.field(_record, doc, k), k)))
-                                       for k in ("cursors", "todo", "done", "failed")]
+        cursors, todo, done, failed = [
+            tuple(_kept_at(item, f"{k}[{i}]")
+                  for i, item in enumerate(_json.array(_record, _json.field(_record, doc, k), k)))
+            for k in ("cursors", "todo", "done", "failed")]
         state = doc.get("state")
         return cls(cursors, todo, done, failed, None if state is None else _kept_at(state, "state"))
 

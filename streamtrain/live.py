@@ -170,13 +170,15 @@ class JobMonitor:
             self.auc_history.append((snap.elapsed_s, snap.auc))
         with_loss = [(r.loss, r.examples) for r in recent if r.loss is not None]
         if with_loss:
-            snap.loss = sum(loss * examples for loss, examples in with_loss) / sum(examples for _, examples in with_loss)
+            snap.loss = (sum(loss * examples for loss, examples in with_loss)
+                         / sum(examples for _, examples in with_loss))
         timed = [r for r in recent if r.max_event_time_ms]
         if timed:
             snap.event_to_trained_s = statistics.median(r.finished_at - r.max_event_time_ms / 1000 for r in timed)
             snap.newest_trained_age_s = now_wall - max(r.max_event_time_ms for r in timed) / 1000
         if recent:
-            snap.timings = {k: statistics.fmean(getattr(r, k) for r in recent) for k in ("pull_s", "compute_s", "push_s")}
+            snap.timings = {k: statistics.fmean(getattr(r, k) for r in recent)
+                            for k in ("pull_s", "compute_s", "push_s")}
         return snap
 
 

@@ -15,7 +15,8 @@ trainers, each with the endpoints in its environment and its output in `<log dir
 A thread of this process restarts a child that exits; nothing needs to be called for that, so
 a notebook cell can return while the job trains. The same thread follows the job's shard count
 in etcd: after `streamtrain resize` (or `LocalJob.resize`) it starts the shards that join and
-lets the ones that leave stop for good; a job resized before has the slot map's count. The services (`streamtrain up`) and the input
+lets the ones that leave stop for good; a job resized before has the slot map's count. The services (`streamtrain
+up`) and the input
 topic must exist. `streamtrain job run` and `streamtrain demo` are built on this class.
 """
 

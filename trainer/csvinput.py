@@ -42,7 +42,8 @@ class CsvChunks:
         self._read = pv.ReadOptions(column_names=self.names, use_threads=False)
         # `ignore` columns are split but never converted.
         self._convert = pv.ConvertOptions(column_types={n: pa.string() for n in self.names},
-                                          include_columns=[n for n, c in zip(self.names, columns) if c.kind != "ignore"],
+                                          include_columns=[n for n, c in zip(self.names, columns)
+                                                           if c.kind != "ignore"],
                                           strings_can_be_null=False, quoted_strings_can_be_null=False)
 
     def parse(self, values: Sequence[bytes | None]) -> tuple[Columns, np.ndarray, list[int]]:

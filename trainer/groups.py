@@ -131,7 +131,8 @@ class GroupTrainer:
         for param in self._params:
             param.grad = None
         if self.estimate_dense:  # the next step, pulled or not, sees this one's dense change
-            self.layout.add({(param, block): self.own.block((param, block), grad, self.buffer.shard_of_block(param, block))
+            self.layout.add({(param, block): self.own.block((param, block), grad,
+                                                            self.buffer.shard_of_block(param, block))
                              for param, block, grad in dense})
         computed = time.perf_counter() - started
         metrics.compute_s += computed
