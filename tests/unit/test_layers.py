@@ -112,7 +112,8 @@ def test_relative_imports_are_resolved_against_the_importing_package() -> None:
     assert package_of("schemas/keys.py") == package_of("schemas/__init__.py") == "streamtrain.schemas"
     assert package_of("streamtrain/cli.py") == "streamtrain"
     # Within a package, and down to a layer below, as the absolute forms would be.
-    assert violations("schemas/f.py", "from . import _json\nfrom ._check import Check\nfrom .keys import Topics\n") == []
+    assert violations("schemas/f.py",
+                      "from . import _json\nfrom ._check import Check\nfrom .keys import Topics\n") == []
     assert violations("trainer/g.py", "from ..jobstate import config\nfrom .. import schemas\n"
                                       "from ..jobstate.etcd import Etcd\nfrom .models import build_model\n") == []
     assert violations("streamtrain/h.py", "from .live import follow\nfrom . import trainer\n") == []
