@@ -12,7 +12,7 @@ TEST ?=
 N ?= 20
 LOAD ?= 2
 
-.PHONY: setup system-deps kafka-jars registry-dist test test-unit stress demo bench chaos clean
+.PHONY: setup system-deps kafka-jars registry-dist lint test test-unit stress demo bench chaos clean
 
 setup: system-deps $(VENV)/.installed kafka-jars
 
@@ -32,7 +32,14 @@ kafka-jars: $(VENV)/.installed
 registry-dist: $(VENV)/.installed
 	@$(PY) -c "from streamtrain.infra.schema_registry import ensure_registry_dist; print('schema registry:', ensure_registry_dist())"
 
-test: setup registry-dist
+# ruff over everything Python (the packages, tests/, bench/); mypy over the packages, through
+# tests/typecheck.py, which names each module as it installs (streamtrain.<folder>); both read
+# their settings from pyproject.toml. Any finding fails the target.
+lint: $(VENV)/.installed
+	$(PY) -m ruff check
+	$(PY) tests/typecheck.py
+
+test: setup registry-dist lint
 	$(PY) -m pytest
 
 test-unit: $(VENV)/.installed
@@ -57,4 +64,4 @@ demo: setup
 	$(VENV)/bin/streamtrain demo $(if $(DURATION),--duration $(DURATION),)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache

@@ -563,9 +563,11 @@ def table(report: dict) -> str:
                      f"{_s(r['rate_s']['p50']):>9} {_s(r['rate_s']['p99']):>9}")
     c, f = report["chaos"], report["fault_free"]
     lines.append("")
-    lines.append(f"fault-free: {f['examples_per_s']} ex/s ({f['steady_examples_per_s']} steady), AUC {f['holdout_auc']:.4f}")
+    lines.append(f"fault-free: {f['examples_per_s']} ex/s ({f['steady_examples_per_s']} steady), "
+                 f"AUC {f['holdout_auc']:.4f}")
     lines.append(f"under chaos: {c['examples_per_s']} ex/s, {c['kept']:.0%} of fault-free; AUC {c['holdout_auc']:.4f} "
-                 f"(gap {c['auc_gap']:+.4f}); lost {c['ledger']['lost']}, applied twice {c['ledger']['applied_twice']}, "
+                 f"(gap {c['auc_gap']:+.4f}); lost {c['ledger']['lost']}, "
+                 f"applied twice {c['ledger']['applied_twice']}, "
                  f"redone groups dropped {c['ledger']['dropped_groups']}")
     if c.get("under_schedule"):
         u = c["under_schedule"]
@@ -635,7 +637,8 @@ def main() -> None:
     gap = hit.auc["holdout_auc"] - clean.auc["holdout_auc"]
     recovered = recovery(hit, clean_steady)  # times each fault's rate recovery, for the log too
     report = {
-        "profile": args.profile, "clusters": args.clusters, "records": records, "passes": passes, "every_s": every_s, "seed": args.seed,
+        "profile": args.profile, "clusters": args.clusters, "records": records, "passes": passes, "every_s": every_s,
+        "seed": args.seed,
         "vocab_scale": args.vocab_scale,
         "fault_free": {"wall_s": round(clean.wall_s, 1), "examples_per_s": round(total / clean.wall_s),
                        "steady_examples_per_s": round(clean_steady), **clean.auc,

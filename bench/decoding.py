@@ -141,7 +141,8 @@ def main() -> None:
             reference = labels
         if bad or not np.array_equal(labels, reference):
             raise SystemExit(f"{name}: {bad} bad records, or labels unlike Example JSON's")
-        report[name] = {"records_per_s": round(len(records) / best), "us_per_record": round(best / len(records) * 1e6, 2)}
+        report[name] = {"records_per_s": round(len(records) / best),
+                        "us_per_record": round(best / len(records) * 1e6, 2)}
 
     print(json.dumps({
         "command": f"python -m bench.decoding --records {args.records} --chunk {args.chunk} --rounds {args.rounds}",

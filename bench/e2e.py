@@ -288,7 +288,8 @@ class Usage:
 
     def sample(self, trainer_pids: list[int]) -> dict[str, float]:
         """Samples every process; returns the CPU seconds used so far per kind."""
-        self.kinds["loader"] = sorted(set(self.kinds.get("loader", [])) | {c for t in trainer_pids for c in children(t)})
+        self.kinds["loader"] = sorted(set(self.kinds.get("loader", []))
+                                      | {c for t in trainer_pids for c in children(t)})
         for pids in self.kinds.values():
             for pid in pids:
                 stat = proc_stat(pid)
@@ -535,7 +536,8 @@ def table(runs: list[dict], bare: dict) -> str:
         cpu = " ".join(f"{k} {v:g}" for k, v in (r.get("steady_cpu_us_per_record") or r["cpu_us_per_record"]).items())
         lines.append(f"{r['run']:<24} {r['examples_per_s']:>8} {around:>15} {r.get('ratio', 1.0):>6.2f} "
                      f"{r.get('examples_per_s_with_startup', ''):>9} {r['holdout_auc']:>7.4f} "
-                     f"{r['holdout_auc'] - bare['holdout_auc']:>+7.4f} {r['mean_p']:>7.4f} {r['observed_ctr']:>6.3f}  {cpu}")
+                     f"{r['holdout_auc'] - bare['holdout_auc']:>+7.4f} {r['mean_p']:>7.4f} "
+                     f"{r['observed_ctr']:>6.3f}  {cpu}")
     return "\n".join(lines)
 
 

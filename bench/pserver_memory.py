@@ -58,7 +58,8 @@ def main() -> None:
         # hashed while staying distinct.
         ids = (np.arange(done, done + n, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(1)
         grads = rng.standard_normal((n, dim), dtype=np.float32)
-        raw = GradientDelta(TaskRecord.make_id("mem", 0, 0), seq, "t", 0, seq, n, sparse=(SparseRows("user", ids, grads),)).to_bytes()
+        raw = GradientDelta(TaskRecord.make_id("mem", 0, 0), seq, "t", 0, seq, n,
+                            sparse=(SparseRows("user", ids, grads),)).to_bytes()
         del ids, grads
         t0 = time.perf_counter()
         state.apply(GradientDelta.from_bytes(raw))

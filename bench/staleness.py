@@ -177,7 +177,8 @@ def simulate(records: int, holdout: int, visibility: Visibility, init: str, own_
         logit = r1[inv].sum((1, 2)) + view(torch.cat([r2[inv].flatten(1), x_all[batch]], 1)).squeeze(1)
         view.zero_grad()
         F.binary_cross_entropy_with_logits(logit, y_all[batch]).backward()
-        before = first.data[rows_t].clone(), second.data[rows_t].clone(), [p.detach().clone() for p in dense.parameters()]
+        before = (first.data[rows_t].clone(), second.data[rows_t].clone(),
+                  [p.detach().clone() for p in dense.parameters()])
         first.grad = torch.sparse_coo_tensor(rows_t[None], r1.grad, first.shape)
         second.grad = torch.sparse_coo_tensor(rows_t[None], r2.grad, second.shape)
         for total, mine in zip(summed, view.parameters()):

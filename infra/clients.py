@@ -97,6 +97,8 @@ def _failover_client(members: list[tuple[str, int]], timeout: float):
         # `time_retry` or later (a job monitor polling each second) went back to the dead
         # member every time and never reached the live ones. So the next call goes to the
         # next member at once.
+        _current_endpoint_label: str  # pyetcd's: the member calls go to
+
         def _manage_grpc_errors(self, exc):
             failed = self._current_endpoint_label
             try:

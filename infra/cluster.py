@@ -13,6 +13,7 @@ only probed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,7 +90,7 @@ class LocalServices:
             futures = {name: pool.submit(s.start) for name, s in managed.items()}
             started = {name: f.result() for name, f in futures.items()}
         if self.ports.redis_cluster and "redis" in managed:
-            form_cluster([s for name, s in managed.items() if _kind(name) == "redis"])
+            form_cluster([s for name, s in managed.items() if _kind(name) == "redis" and isinstance(s, RedisServer)])
         return started
 
     def _check_nodes(self) -> None:
@@ -113,7 +114,8 @@ class LocalServices:
         return [name for name, was in stopped.items() if was and _kind(name) not in self.endpoints.external]
 
     def status(self) -> list[ServiceStatus]:
-        probes = {"kafka": metadata_ok, "etcd": health_ok, "redis": ping_ok, "registry": subjects_ok}
+        probes: dict[str, Callable[[str], bool]] = {"kafka": metadata_ok, "etcd": health_ok, "redis": ping_ok,
+                                                    "registry": subjects_ok}
         addresses = self.endpoints.as_dict()
 
         def one(name: str) -> ServiceStatus:
@@ -121,7 +123,8 @@ class LocalServices:
             external = kind in self.endpoints.external
             pid = None if external else self.servers[name].pid()
             # A local cluster's nodes each by its own address; an external one as named.
-            address = self.servers[name].address if kind in ("kafka", "etcd", "redis") and not external else addresses[kind]
+            address = (self.servers[name].address if kind in ("kafka", "etcd", "redis") and not external
+                       else addresses[kind])
             healthy = (external or pid is not None) and probes[kind](address)
             return ServiceStatus(name, address, bool(healthy), pid, external)
 

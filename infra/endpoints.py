@@ -10,6 +10,7 @@ import os
 import socket
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from streamtrain.schemas import ServicePorts
 
@@ -86,7 +87,8 @@ class Ports(ServicePorts):
         if len(getattr(self, more)) == count - 1:
             return self
         client, peer = (self.etcd, self.etcd_peer) if more == "etcd_more" else (self.kafka, self.kafka_controller)
-        return replace(self, **{more: _ten_apart(client, peer, count)})
+        changes: dict[str, Any] = {more: _ten_apart(client, peer, count)}
+        return replace(self, **changes)
 
     @classmethod
     def from_base(cls, base: int) -> Ports:
@@ -106,7 +108,8 @@ class Ports(ServicePorts):
             pairs = list(zip(found[6::2], found[7::2]))
             more = etcd_members - 1 + kafka_brokers - 1
             redis_cluster = tuple(pairs[more:])
-            return cls(*found[:4], redis_cluster[0][0] if redis_cluster else found[4], found[5],
+            return cls(found[0], found[1], found[2], found[3], redis_cluster[0][0] if redis_cluster else found[4],
+                       found[5],
                        etcd_more=tuple(pairs[:etcd_members - 1]),
                        kafka_more=tuple(pairs[etcd_members - 1:more]), redis_cluster=redis_cluster)
         finally:

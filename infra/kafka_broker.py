@@ -22,6 +22,7 @@ import socket
 import subprocess
 import uuid
 from importlib.resources import files
+from typing import Any
 from pathlib import Path
 
 from streamtrain.infra.clients import replication
@@ -244,7 +245,9 @@ def metadata_ok(bootstrap: str, node_id: int | None = None, timeout: float = 3.0
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": _quiet})
+    # Any: the stubs type config values str | int | float, but "logger" takes a logging.Logger.
+    config: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": _quiet}
+    admin = AdminClient(config)
     try:
         md = admin.list_topics(timeout=timeout)
     except KafkaException:

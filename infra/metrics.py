@@ -112,10 +112,12 @@ class _TrainerFamilies:
                                  "Forward, backward and gradient accumulation per mini-batch", labels,
                                  buckets=LATENCY_BUCKETS)
         self.push = Histogram("streamtrain_trainer_push_seconds",
-                              "Building and producing one push group's deltas, and the wait after it for pushes in flight",
+                              "Building and producing one push group's deltas, and the wait after it for pushes "
+                              "in flight",
                               labels, buckets=LATENCY_BUCKETS)
         self.commit = Histogram("streamtrain_trainer_commit_seconds",
-                                "Waiting for the broker's acknowledgement of the deltas handed, and a task's side outputs' transaction", labels,
+                                "Waiting for the broker's acknowledgement of the deltas handed, and a task's side "
+                                "outputs' transaction", labels,
                                 buckets=LATENCY_BUCKETS)
         self.loss = Gauge("streamtrain_trainer_task_loss", "Mean log loss of the last committed task", labels)
         self.auc = Gauge("streamtrain_trainer_task_auc",

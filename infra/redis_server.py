@@ -73,7 +73,8 @@ def form_cluster(nodes: list[RedisServer], timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not all(cluster_ok(node.port) for node in nodes):
         if time.monotonic() > deadline:
-            raise InfraError(f"the Redis Cluster on ports {[n.port for n in nodes]} did not settle in {timeout_s:.0f} s")
+            raise InfraError(f"the Redis Cluster on ports {[n.port for n in nodes]} did not settle in "
+                             f"{timeout_s:.0f} s")
         time.sleep(0.2)
 
 

@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeAlias, TypeVar
 
 import grpc
 import pyetcd
@@ -35,8 +35,8 @@ class Entry:
     mod_revision: int
 
 
-Compare = tx.BaseCompare
-Op = tx.Put | tx.Delete | tx.Get | tx.Txn
+Compare: TypeAlias = tx.BaseCompare
+Op: TypeAlias = tx.Put | tx.Delete | tx.Get | tx.Txn
 T = TypeVar("T")
 
 

@@ -37,6 +37,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from streamtrain.jobstate import queue
 from streamtrain.jobstate.etcd import (MAX_TXN_OPS, Compare, Entry, Etcd, Op, absent, delete_op, delete_prefix_op,
@@ -75,16 +76,20 @@ def job_record(etcd: Etcd, keys: EtcdKeys) -> bytes:
         keys.cursors_prefix, keys.tasks("todo"), keys.tasks("pending"), keys.tasks("done"),
         keys.tasks("failed"), keys.state])
 
+    def field(kept: KeptDocument, name: str) -> Any:
+        """The document's field, None if absent: the key's own checks refuse what does not fit."""
+        return kept.doc.get(name)
+
     def task_key(state: TaskState) -> Callable[[KeptDocument], str]:
-        return lambda kept: keys.task(state, kept.doc.get("task_id"))
+        return lambda kept: keys.task(state, field(kept, "task_id"))
 
     # Both lanes of todo are recorded as to do: a restore writes every task to do in input order.
     retried = [e for e in todo if e.key.startswith(keys.retry_prefix)]
     fresh = [e for e in todo if not e.key.startswith(keys.retry_prefix)]
     kept_state = _kept(state, lambda kept: keys.state)
     return JobRecord(
-        cursors=_kept(cursors, lambda kept: keys.cursor(kept.doc.get("topic"), kept.doc.get("partition"))),
-        todo=_kept(retried, lambda kept: keys.task_back("todo", kept.doc.get("task_id")))
+        cursors=_kept(cursors, lambda kept: keys.cursor(field(kept, "topic"), field(kept, "partition"))),
+        todo=_kept(retried, lambda kept: keys.task_back("todo", field(kept, "task_id")))
         + _kept(fresh, task_key("todo")) + _kept(pending, task_key("pending"), _released),
         done=_kept(done, task_key("done")), failed=_kept(failed, task_key("failed")),
         state=kept_state[0] if kept_state else None).to_json()
@@ -113,7 +118,8 @@ def restore_batches(keys: EtcdKeys, record: bytes) -> list[list[Op]]:
     if saved.state is not None:
         ops.append(put_op(keys.state, saved.state.to_json()))
     todo = [put_op(keys.task("todo", t.task_id), t.to_json()) for round_ in queue.rounds_of(readable) for t in round_]
-    clear: list[Op] = [delete_prefix_op(keys.tasks_prefix), delete_prefix_op(keys.cursors_prefix), delete_op(keys.state)]
+    clear: list[Op] = [delete_prefix_op(keys.tasks_prefix), delete_prefix_op(keys.cursors_prefix),
+                       delete_op(keys.state)]
     return [clear] + [ops[i:i + MAX_TXN_OPS - 1] for i in range(0, len(ops), MAX_TXN_OPS - 1)] \
         + [todo[i:i + MAX_TXN_OPS] for i in range(0, len(todo), MAX_TXN_OPS)]
 
@@ -179,6 +185,8 @@ def complete(job: str, request: bytes, shards: int, write_if: WriteIf) -> float:
     """Step 3: the checkpoint `request` asked the shards for is the newest rollback target (an
     asker knows it by its ask). Returns when it was named so."""
     asked, at = CheckpointRequest.from_json(request), time.time()
+    if asked.id is None:  # an ask, not a request to the shards (LatestCheckpoint would refuse None too)
+        raise SchemaError("LatestCheckpoint", "id", "the request names no checkpoint (an ask)")
     named = LatestCheckpoint(asked.id, shards, at, asked.ask).to_json()
     write_if([], [put_op(EtcdKeys(job).checkpoints_latest, named)])
     return at

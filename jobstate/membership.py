@@ -73,7 +73,8 @@ def register_pserver(etcd: Etcd, job: str, address: str, ttl_s: int = 10,
         candidates = [index] if index is not None else list(range(desired))
         for candidate in candidates:
             ok, _ = etcd.txn([absent(keys.ps(candidate))],
-                             [put_op(keys.ps(candidate), this_holder("pserver", str(candidate), address).to_json(), lease)])
+                             [put_op(keys.ps(candidate), this_holder("pserver", str(candidate), address).to_json(),
+                                     lease)])
             if ok:
                 return candidate, lease.keep_alive()
         lease.revoke()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
@@ -33,7 +34,8 @@ class Bounds:
 
 class InputOffsets:
     def __init__(self, endpoints: Endpoints, timeout_s: float = 5.0) -> None:
-        self._config = {"bootstrap.servers": endpoints.kafka, "logger": _quiet}
+        # Any: the stubs type config values str | int | float, but "logger" takes a logging.Logger.
+        self._config: dict[str, Any] = {"bootstrap.servers": endpoints.kafka, "logger": _quiet}
         self._admin = AdminClient(self._config)
         self._timeout = timeout_s
 

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import TypeVar
 
 from streamtrain.schemas import PartitionCursor, SchemaError, TaskId, TaskRecord
+from streamtrain.schemas.keys import TaskState
 
 T = TypeVar("T")
 
@@ -62,7 +63,7 @@ def _rounds(placed: Iterable[tuple[TaskId, T]]) -> list[list[T]]:
     return [[q[k][1] for _, q in sorted(queues.items()) if k < len(q)] for k in range(depth)]
 
 
-def retry_or_fail(task: TaskRecord, max_attempts: int, reason: str) -> tuple[str, TaskRecord]:
+def retry_or_fail(task: TaskRecord, max_attempts: int, reason: str) -> tuple[TaskState, TaskRecord]:
     """A task whose attempt failed (its trainer said so: the range could not be trained, or
     its records kill the loader): back to todo with attempt + 1, or to failed once
     `max_attempts` attempts have been used (a poison task must not be retried forever)."""

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -55,6 +56,9 @@ class SlotMap:
 
     owners: tuple[int, ...]
     epoch: int = 0
+    if TYPE_CHECKING:  # set by __post_init__; not fields at run time
+        _owners: np.ndarray = field(init=False)
+        _shards: int = field(init=False)
 
     def __post_init__(self) -> None:
         if not 1 <= len(self.owners) <= 1 << 16:

@@ -10,8 +10,9 @@ from streamtrain.jobstate.membership import Members, members
 from streamtrain.jobstate.offsets import InputOffsets, InputUnavailableError
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.schemas import EtcdKeys, Holder, JobState, PartitionCursor, ResizeRecord, SchemaError, TaskRecord
+from streamtrain.schemas.keys import TaskState
 
-STATES = ("todo", "pending", "done", "failed")
+STATES: tuple[TaskState, ...] = ("todo", "pending", "done", "failed")
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class JobStatus:
 
 def job_status(etcd: Etcd, offsets: InputOffsets | None, job: str) -> JobStatus:
     keys = EtcdKeys(job)
-    queues = {s: etcd.count(keys.tasks(s)) for s in STATES}
+    queues: dict[str, int] = {s: etcd.count(keys.tasks(s)) for s in STATES}
     cursors = [PartitionCursor.from_json(e.value) for e in etcd.range(keys.cursors_prefix)]
     ends: dict[tuple[str, int], int] = {}
     if offsets is not None and cursors:

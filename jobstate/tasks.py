@@ -127,7 +127,8 @@ class TaskClient:
                 continue
             back = queue.requeue_lost(task, f"trainer {self.trainer_id} restarted")
             ok, _ = self._etcd.txn([mod_revision_is(entry.key, entry.mod_revision)],
-                                   [delete_op(entry.key), put_op(self.keys.task_back("todo", task.task_id), back.to_json())])
+                                   [delete_op(entry.key),
+                                    put_op(self.keys.task_back("todo", task.task_id), back.to_json())])
             if ok:
                 requeued.append(task.task_id)
         return requeued

@@ -86,7 +86,8 @@ def _waiting(cursor: PartitionCursor, end: int) -> int:
     return (end if cursor.stop is None else min(end, cursor.stop)) - cursor.next
 
 
-def transactions(tasks: Sequence[TaskRecord], max_ops: int) -> list[tuple[list[TaskRecord], dict[tuple[str, int], int]]]:
+def transactions(tasks: Sequence[TaskRecord],
+                 max_ops: int) -> list[tuple[list[TaskRecord], dict[tuple[str, int], int]]]:
     """`tasks` (in the order they are to be claimed) as consecutive transactions, each with
     the end of its last task in every partition it reaches: the cursor put that covers them.
 
@@ -124,7 +125,7 @@ def fold(cursor: PartitionCursor, resolved: Iterable[TaskRecord],
     by_start = {t.start: t for t in resolved
                 if t.pass_no == cursor.pass_no and t.start >= cursor.trained}
     trained = cursor.trained
-    folded = []
+    folded: list[TaskRecord] = []
     while (limit is None or len(folded) < limit) and (task := by_start.get(trained)) is not None:
         folded.append(task)
         trained = task.end

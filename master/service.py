@@ -157,7 +157,7 @@ class Master:
             # One transaction, on the map as read: a resize that lands in between is read again.
             slot_map, revision = read_slot_map(self.etcd, self.config.name)
             config = settled_config(self.config, slot_map)
-            if config.pservers.count != self.config.pservers.count:
+            if slot_map is not None and config.pservers.count != self.config.pservers.count:
                 log.warning("%s", resized_note(config.name, slot_map, self.config.pservers.count))
             current = self.etcd.get(self.keys.config)
             if current is not None and current.value != config.to_json():
@@ -313,8 +313,9 @@ class Master:
             if now < seen.deadline and not self._gone:
                 continue
             task = self._parse(entry)
-            reason = None if task is None else plan.why_requeue(task, self._gone, seen.deadline - timeout,
-                                                                now >= seen.deadline, timeout)
+            if task is None:
+                continue
+            reason = plan.why_requeue(task, self._gone, seen.deadline - timeout, now >= seen.deadline, timeout)
             if reason is None:
                 continue
             back = queue.requeue_lost(task, reason)

@@ -3,6 +3,8 @@ gradient batch over the rows it touches, where they live."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numba
 import numpy as np
 
@@ -13,7 +15,7 @@ _F32 = np.float32
 # gathered copies. The arithmetic is the numpy formulas' own, in the same order and in float32
 # (no fast-math: no contraction into fused multiply-adds), so the results are the same bits.
 # `error_model="numpy"`: a division by zero gives inf or nan, as numpy does, not an exception.
-_JIT = {"nogil": True, "cache": True, "error_model": "numpy"}
+_JIT: dict[str, Any] = {"nogil": True, "cache": True, "error_model": "numpy"}
 NO_OUT = np.empty((0, 0), dtype=_F32)
 
 

@@ -31,7 +31,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -127,10 +127,11 @@ def in_place(rule: UpdateRule) -> Callable | None:
     """The rule's `apply_at`, if it is the same update as its `apply`: defined by the class that
     defines `apply` (a subclass of a built-in that overrides only `apply` must not have the
     built-in's kernel run instead)."""
-    if getattr(rule, "apply_at", None) is None:
+    apply_at = getattr(rule, "apply_at", None)  # not UpdateRule's: a built-in's
+    if apply_at is None:
         return None
     owner = next((c for c in type(rule).__mro__ if "apply" in c.__dict__), None)
-    return rule.apply_at if owner is not None and "apply_at" in owner.__dict__ else None
+    return apply_at if owner is not None and "apply_at" in owner.__dict__ else None
 
 
 def clock_of(rule: UpdateRule) -> str:
@@ -189,13 +190,13 @@ def check_batch(rule: UpdateRule, rows: np.ndarray, grads: np.ndarray,
     if not rows.flags.writeable:
         raise UpdateRuleError(f"{where}: rows: must be writeable (the update is in place)")
     for name in rule.state_names:
-        array = state.get(name)
-        if array is None:
+        held = state.get(name)
+        if held is None:
             raise UpdateRuleError(f"{where}: state[{name!r}]: missing")
-        if (not isinstance(array, np.ndarray) or array.dtype != np.float32
-                or array.shape != rows.shape or not array.flags.writeable):
+        if (not isinstance(held, np.ndarray) or held.dtype != np.float32
+                or held.shape != rows.shape or not held.flags.writeable):
             raise UpdateRuleError(f"{where}: state[{name!r}]: must be a writeable float32 array "
-                                  f"shaped like rows {rows.shape}, got {_describe(array)}")
+                                  f"shaped like rows {rows.shape}, got {_describe(held)}")
     if (not isinstance(steps, np.ndarray) or steps.dtype.kind not in "iu"
             or steps.shape != rows.shape[:1]):
         raise UpdateRuleError(f"{where}: steps: must be an integer array of shape "
@@ -216,9 +217,13 @@ class _BuiltIn:
 
     __slots__ = ()
 
+    if TYPE_CHECKING:  # what every built-in defines: its kernel
+        def apply_at(self, table: np.ndarray, state: Mapping[str, np.ndarray], at: np.ndarray,
+                     grads: np.ndarray, steps: np.ndarray, out: np.ndarray = NO_OUT) -> None: ...
+
     def apply(self, rows: np.ndarray, grads: np.ndarray, state: Mapping[str, np.ndarray],
               steps: np.ndarray) -> None:
-        check_batch(self, rows, grads, state, steps)
+        check_batch(cast(UpdateRule, self), rows, grads, state, steps)  # every built-in is one
         self.apply_at(rows, state, np.arange(len(rows), dtype=np.int64), grads, steps)
 
 
@@ -379,7 +384,7 @@ def make_rule(spec: str, **hyper: float) -> UpdateRule:
     except (TypeError, ValueError) as exc:
         raise UpdateRuleError(f"{spec}: refused hyperparameters {hyper}: {exc}") from exc
     _check_rule(spec, rule)
-    return rule
+    return cast(UpdateRule, rule)  # what _check_rule checked
 
 
 def _make_builtin(spec: str, cls: type, hyper: dict[str, float]) -> UpdateRule:

@@ -102,7 +102,7 @@ class ParamClient:
         # A connection per node kept between pulls: the pool's checkout checks each one for
         # unread data and counts it, a cost at every pull, which comes every mini-batch. One
         # that went bad meanwhile (a restarted Redis) fails its pull, which is retried.
-        self._idle: dict[int, tuple[redis.ConnectionPool, redis.connection.AbstractConnection]] = {}
+        self._idle: dict[int, tuple[redis.ConnectionPool, redis.Connection]] = {}
 
     def _checkout(self, pool: redis.ConnectionPool):
         kept = self._idle.pop(id(pool), None)  # the pool is held there: its id is not reused
@@ -136,7 +136,8 @@ class ParamClient:
         pull = self.pull({table: (ids, dim)}, [])
         return Pulled(pull.rows[table], pull.versions)
 
-    def pull_blocks(self, blocks: Iterable[tuple[str, int]]) -> tuple[dict[tuple[str, int], np.ndarray], dict[int, int]]:
+    def pull_blocks(self,
+                    blocks: Iterable[tuple[str, int]]) -> tuple[dict[tuple[str, int], np.ndarray], dict[int, int]]:
         """Dense blocks by (param, block); a block never trained is absent from the result."""
         pull = self.pull({}, list(blocks))
         return pull.blocks, pull.versions
@@ -287,7 +288,7 @@ class ParamClient:
         missing = [s for s, v in zip(shards, raw) if v is None]
         if missing:
             raise ParamsUnavailableError(missing)
-        return {s: int(v) for s, v in zip(shards, raw)}
+        return {s: int(v) for s, v in zip(shards, raw) if v is not None}  # every one (`missing`)
 
 
 class _ShardKeys:
@@ -334,7 +335,7 @@ class PendingPull:
         self._rows = rows
         self._blocks = blocks
         self._reads = reads
-        self._sent: list[tuple[redis.ConnectionPool, object, list[tuple[_ShardRead, int]]]] = []
+        self._sent: list[tuple[redis.ConnectionPool, redis.Connection, list[tuple[_ShardRead, int]]]] = []
         try:
             for node, shards in client.nodes.by_node([r.shard for r in reads]):
                 pool = node.connection_pool

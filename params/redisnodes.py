@@ -43,7 +43,7 @@ class ShardNodes:
 
     def node(self, shard: int) -> redis.Redis:
         """The client of the node holding `shard`'s keys (the one client of a single Redis)."""
-        if not self.cluster:
+        if not isinstance(self.client, RedisCluster):  # not self.cluster
             return self.client
         node = self._nodes.get(shard)
         if node is None:
@@ -61,7 +61,7 @@ class ShardNodes:
 
     def forget(self) -> None:
         """A node moved or went away: read the cluster's slots again before the next use."""
-        if self.cluster:
+        if isinstance(self.client, RedisCluster):  # self.cluster
             self._nodes.clear()
             try:
                 self.client.nodes_manager.initialize()
@@ -74,7 +74,8 @@ class ShardNodes:
         if not keys:
             return {}
         if not self.cluster:
-            return dict(zip(keys, self.client.mget(list(keys.values()))))
+            # The stubs type replies str | bytes whatever the client's decode_responses; ours are bytes.
+            return dict(zip(keys, self.client.mget(list(keys.values()))))  # type: ignore[arg-type]
         out: dict[int, bytes | None] = {}
         try:
             for node, shards in self.by_node(keys):

@@ -11,6 +11,7 @@ import time
 from collections.abc import Mapping
 
 import redis
+from redis.client import PubSub
 
 from streamtrain.params.redisnodes import Client, ShardNodes, moved
 from streamtrain.schemas import AppliedSteps, RedisKeys
@@ -24,7 +25,7 @@ class ChannelWatch:
     def __init__(self, nodes: ShardNodes, channels: Mapping[str, int]) -> None:
         self._nodes = nodes
         self._channels = {name.encode(): index for name, index in channels.items()}
-        self._pubsub = None
+        self._pubsub: PubSub | None = None
 
     def subscribe(self) -> None:
         """Start listening (a caller that reads the keys after this misses no change)."""
@@ -40,9 +41,11 @@ class ChannelWatch:
         out: dict[int, bytes] = {}
         try:
             self.subscribe()
+            assert self._pubsub is not None  # subscribe made it
             # Raw replies off the subscribed connection: get_message's dispatch and retry
             # layers cost more than the rest of the wait.
             conn = self._pubsub.connection
+            assert conn is not None  # subscribed: connected
             wait = timeout_s
             while conn.can_read(timeout=wait):
                 reply = conn.read_response(push_request=True)  # RESP3: messages are pushes

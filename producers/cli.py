@@ -34,7 +34,8 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
 
 @produce_app.command("synthetic")
 def synthetic_cmd(
-    impressions_topic: Annotated[str, typer.Option("--impressions-topic", help="Topic of impressions (click-log mode).")] = "impressions",
+    impressions_topic: Annotated[str, typer.Option(
+        "--impressions-topic", help="Topic of impressions (click-log mode).")] = "impressions",
     clicks_topic: Annotated[str, typer.Option("--clicks-topic", help="Topic of clicks (click-log mode).")] = "clicks",
     labelled: Annotated[bool, typer.Option(
         "--labelled", help="Write labelled examples to --topic instead of a click log.")] = False,
@@ -96,7 +97,8 @@ def file_cmd(
     loop: Annotated[bool, typer.Option("--loop", help="Start over at the end, until stopped.")] = False,
     fmt: Annotated[Optional[str], typer.Option(
         "--format", help="csv, parquet or jsonl (default: from the suffix).", show_default=False)] = None,
-    value: Annotated[str, typer.Option("--value", help="Record value: json (an object per row) or csv (the line).")] = "json",
+    value: Annotated[str, typer.Option(
+        "--value", help="Record value: json (an object per row) or csv (the line).")] = "json",
     key: Annotated[Optional[str], typer.Option(
         "--key", help="Column whose value becomes the record key (default: no key).", show_default=False)] = None,
     partitions: PartitionsOpt = 1,
@@ -134,7 +136,8 @@ def join_cmd(
     clicks: Annotated[str, typer.Option("--clicks", help="Topic of clicks.")] = "clicks",
     output: Annotated[str, typer.Option("--output", help="Topic of the labelled examples.")] = "examples",
     window_s: Annotated[float, typer.Option(
-        "--window-s", help="Attribution window: a click this long after its impression, or sooner, makes label 1.")] = 10.0,
+        "--window-s",
+        help="Attribution window: a click this long after its impression, or sooner, makes label 1.")] = 10.0,
     group: Annotated[Optional[str], typer.Option(
         "--group", help="Consumer group and transactional id prefix (default: join-OUTPUT). "
         "Restart with the same group to resume exactly where the last run committed.",

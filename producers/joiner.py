@@ -129,6 +129,7 @@ class Joiner:
                 return
             raise JoinerError(f"consuming {tp[0]}[{tp[1]}]: {msg.error().str()}")
         self._at_end.pop(tp, None)
+        record: ImpressionRecord | ClickRecord
         try:
             if msg.topic() == self.config.impressions_topic:
                 record = ImpressionRecord.from_json(msg.value())
@@ -163,9 +164,10 @@ class Joiner:
                   if not (tp in self._at_end and now - self._at_end[tp] >= quiet)]
         if not active:
             return int(time.time() * 1000) - self.config.idle_ms
-        if None in active:
+        delivered = [a for a in active if a is not None]
+        if len(delivered) < len(active):
             return 0  # a partition with data has not delivered yet: hold everything
-        return min(active)
+        return min(delivered)
 
     # -- transactions and assignment -------------------------------------------------------
 
@@ -205,19 +207,23 @@ class Joiner:
             reader.assign(tps)
             while pending:
                 for msg in reader.consume(1000, timeout=1.0):
-                    if msg.error() is not None:
-                        if msg.error().code() == KafkaError._PARTITION_EOF:
+                    error = msg.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
                             pending.discard(msg.partition())
                             continue
-                        raise JoinerError(f"restoring from {self.config.state_topic}: {msg.error().str()}")
+                        raise JoinerError(f"restoring from {self.config.state_topic}: {error.str()}")
                     try:
-                        waiting = None if msg.value() is None else JoinWaiting.from_json(msg.value())
+                        value = msg.value()
+                        waiting = None if value is None else JoinWaiting.from_json(value)
                     except SchemaError as exc:
                         # Skipping it would label its impression or click wrongly; a record of
                         # another version is a newer joiner's: run that one.
                         raise JoinerError(f"restoring from {self.config.state_topic}[{msg.partition()}]"
                                           f"@{msg.offset()}: {exc}") from exc
-                    self.state.restore(msg.key().decode(), waiting)
+                    key = msg.key()
+                    assert key is not None  # the state topic's records are keyed by impression
+                    self.state.restore(key.decode(), waiting)
         finally:
             reader.close()
 

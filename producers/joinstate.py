@@ -110,4 +110,5 @@ class JoinState:
         # An unmatched click waits as long as any impression it could belong to (shown before
         # the click) can still be open: that impression closes before this does.
         ts = waiting.impression.event_time_ms if waiting.impression is not None else waiting.click_ms
+        assert ts is not None  # what waits is an impression, a click, or both
         return ts + self.window_ms + self.grace_ms

@@ -98,7 +98,7 @@ class SyntheticSource:
         if cfg.impressions_topic is not None:
             self._sink.send(cfg.impressions_topic, record.to_json(), key=imp.impression_id)
             self.stats.impressions += 1
-            if imp.clicked and imp.click_delay_ms <= cfg.max_click_delay_ms:
+            if imp.clicked and imp.click_delay_ms is not None and imp.click_delay_ms <= cfg.max_click_delay_ms:
                 heapq.heappush(self._pending, (now + imp.click_delay_ms, imp.impression_id))
             elif imp.clicked:
                 self.stats.clicks_dropped += 1
@@ -111,6 +111,7 @@ class SyntheticSource:
     def _send_due_clicks(self, now: int | None = None) -> None:
         now = self._now_ms() if now is None else now
         while self._pending and self._pending[0][0] <= now:
+            assert self.config.clicks_topic is not None  # clicks pend only with both topics set
             due, impression_id = heapq.heappop(self._pending)
             self._sink.send(self.config.clicks_topic, ClickRecord(impression_id, due).to_json(), key=impression_id)
             self.stats.clicks += 1

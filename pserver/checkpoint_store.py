@@ -26,8 +26,8 @@ from streamtrain.params.optimizers import UpdateRule
 from streamtrain.params.rows import RowTable
 from streamtrain.pserver.dedup import Dedup
 from streamtrain.pserver.state import DenseBlock, ShardState
-from streamtrain.schemas import (CheckpointManifest, ExampleCounts, FileEntry, SavedBlock, SavedTable, SchemaError, StateIndex,
-                                 StreamtrainError)
+from streamtrain.schemas import (CheckpointManifest, ExampleCounts, FileEntry, SavedBlock, SavedTable, SchemaError,
+                                 StateIndex, StreamtrainError)
 
 MANIFEST = "MANIFEST.json"
 
@@ -155,8 +155,8 @@ class CheckpointStore:
             # Its rows of slots moved away would be served twice, those of slots moved in never.
             raise SlotsMismatchError(
                 f"checkpoint {checkpoint_id} of shard {self.shard} holds the parameters of "
-                f"{_slots_text(manifest.slots)} (slot map epoch {manifest.epoch}), but the job's slot map now gives this shard "
-                f"{_slots_text(slots)}: a checkpoint taken under another slot map cannot be loaded")
+                f"{_slots_text(manifest.slots)} (slot map epoch {manifest.epoch}), but the job's slot map now "
+                f"gives this shard {_slots_text(slots)}: a checkpoint taken under another slot map cannot be loaded")
         blobs = {}
         for entry in manifest.files:
             blob = self._read(f"{directory}/{entry.path}")
@@ -219,9 +219,9 @@ def _restore(blobs: dict[str, bytes], rule: UpdateRule) -> ShardState:
         for s in rule.state_names:
             table.state[s][rows] = _load_npy(blobs[f"{f}.state.{s}.npy"])
         state.tables[meta.name] = table
-    for meta in index.dense:
-        f = meta.file
-        state.dense[(meta.param, meta.block)] = DenseBlock(
+    for block in index.dense:
+        f = block.file
+        state.dense[(block.param, block.block)] = DenseBlock(
             _load_npy(blobs[f"{f}.values.npy"]),
             {s: _load_npy(blobs[f"{f}.state.{s}.npy"]) for s in rule.state_names},
             _load_npy(blobs[f"{f}.steps.npy"]),

@@ -9,6 +9,7 @@ import time
 from typing import Literal, Protocol
 
 from streamtrain.jobstate.job_checkpoints import new_checkpoint_id
+from streamtrain.jobstate.errors import CoordinationError
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.pserver.checkpoint_store import CheckpointStore
@@ -93,7 +94,10 @@ class ShardController:
             return False
         # The slots this shard owns now: a rollback after a resize (streamtrain/operations/resizing.py)
         # loads a checkpoint of the new map.
-        self.checkpoints.follow(SlotMap.from_json(self.etcd.get(self.keys.slots).value))
+        slots = self.etcd.get(self.keys.slots)
+        if slots is None:  # as the shard's start-up refuses it (PserverShard._assemble)
+            raise CoordinationError(f"job {self.keys.job!r} has no slot map in etcd")
+        self.checkpoints.follow(SlotMap.from_json(slots.value))
         end = self.shard.adopt(self.store.load(to, self.shard.state.rule, self.checkpoints.slots).state)
         retired = self.store.retire_after(to)
         # Never pruning `to`, which checkpoints/latest may not name yet.

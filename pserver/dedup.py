@@ -71,22 +71,22 @@ class Dedup:
 
     def marks(self) -> dict[Partition, tuple[int, int]]:
         """{(topic, partition): (pass_no, watermark)}: what `fold` was last given, per partition."""
-        return {tp: (l.pass_no, l.watermark) for tp, l in self._ledgers.items()}
+        return {tp: (ledger.pass_no, ledger.watermark) for tp, ledger in self._ledgers.items()}
 
     def watermarks(self) -> dict[str, int]:
         """{"topic:partition": offset below which every task is applied}, for the manifest."""
-        return {partition_label(t, p): l.watermark for (t, p), l in sorted(self._ledgers.items())}
+        return {partition_label(t, p): ledger.watermark for (t, p), ledger in sorted(self._ledgers.items())}
 
     @property
     def entries(self) -> int:
-        return sum(len(l.max_seq) for l in self._ledgers.values())
+        return sum(len(ledger.max_seq) for ledger in self._ledgers.values())
 
     def to_json(self) -> bytes:
         """For the checkpoint: replaying the gradient topic from the checkpoint's offsets must
         drop exactly what the shard had dropped."""
         return LedgerSnapshot(self.dropped, tuple(
-            LedgerEntry(t, p, l.pass_no, l.watermark, tuple(sorted(l.max_seq.items())))
-            for (t, p), l in sorted(self._ledgers.items()))).to_json()
+            LedgerEntry(t, p, ledger.pass_no, ledger.watermark, tuple(sorted(ledger.max_seq.items())))
+            for (t, p), ledger in sorted(self._ledgers.items()))).to_json()
 
     @classmethod
     def from_json(cls, data: bytes) -> Dedup:

@@ -101,16 +101,19 @@ class GradientLog:
                 if error.code() != KafkaError._PARTITION_EOF:
                     log.warning("shard %d: consumer error: %s", self.shard, error)
                 continue
-            self.next_offset = msg.offset() + 1
+            offset = msg.offset()
+            assert offset is not None  # a consumed message, not an error: it has one
+            self.next_offset = offset + 1
             try:
-                delta = GradientDelta.from_bytes(msg.value())
+                # A value of None (a tombstone) is refused with SchemaError, and dead-lettered below.
+                delta = GradientDelta.from_bytes(msg.value())  # type: ignore[arg-type]
                 if delta.shard != self.shard:
                     raise BadDeltaError(f"delta for shard {delta.shard} on shard {self.shard}'s topic")
                 fits(delta)
             except (SchemaError, BadDeltaError) as exc:
                 self._dead_letter(msg, str(exc))
                 continue
-            yield delta, msg.offset()
+            yield delta, offset
         # The position also moves past transaction markers, which are never delivered: without
         # it a shard whose last record is a commit marker would never reach the stable end.
         position = self._consumer.position([TopicPartition(self.topic, 0)])[0].offset
@@ -119,10 +122,11 @@ class GradientLog:
 
     def _dead_letter(self, msg: Message, reason: str) -> None:
         self.bad += 1
-        log.warning("shard %d: bad gradient message at %s:%d: %s", self.shard, msg.topic(), msg.offset(), reason)
-        letter = DeadLetter(msg.topic(), msg.partition(), msg.offset(), reason, msg.value() or b"",
-                            self.job, int(time.time() * 1000))
-        self._dlq.produce(self.dlq_topic, letter.to_json(), key=f"{msg.topic()}:{msg.partition()}:{msg.offset()}".encode())
+        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        assert topic is not None and partition is not None and offset is not None  # a consumed record has them
+        log.warning("shard %d: bad gradient message at %s:%d: %s", self.shard, topic, offset, reason)
+        letter = DeadLetter(topic, partition, offset, reason, msg.value() or b"", self.job, int(time.time() * 1000))
+        self._dlq.produce(self.dlq_topic, letter.to_json(), key=f"{topic}:{partition}:{offset}".encode())
         self._dlq.poll(0)
 
     def _bounds(self, earliest: bool = True) -> Bounds:

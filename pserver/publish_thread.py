@@ -225,6 +225,7 @@ class BackgroundPublisher:
             # rounds stream to learn when their pushes are published.
             snapshot = Snapshot([], [])
         began = time.perf_counter()
+        expect: int | None
         if everything:
             expect = 0 if kept is None else kept + 1  # 0: every row is in this round's keys
         else:

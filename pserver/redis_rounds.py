@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,7 +78,7 @@ class Snapshot:
     rows: list[tuple[str, np.ndarray, np.ndarray]]  # the round's changed rows: table, ids, values (n, dim)
     # param, block, values, version (its steps), the values served (DenseBlock.served)
     blocks: list[tuple[str, int, np.ndarray, int, np.ndarray]]
-    keys: list[tuple[str, np.ndarray, np.ndarray]] = ()  # rows to write to their keys (a flush)
+    keys: Sequence[tuple[str, np.ndarray, np.ndarray]] = ()  # rows to write to their keys (a flush)
     flush: bool = False  # the keys are every row changed since the last flush
 
     @property
@@ -124,7 +124,9 @@ class Publisher:
         """The shard's version if Redis's row keys hold every row as of round `round_` of
         `epoch` (`flushed_through`), else None."""
         raw_mark, raw_version = self.node.mget(self._keys.flushed(self.shard), self._keys.version(self.shard))
-        if raw_version is None or not flushed_through(flush_mark(raw_mark), int(raw_version), epoch, round_):
+        # The stubs type replies str | bytes whatever the client's decode_responses; ours are bytes.
+        if raw_version is None or not flushed_through(flush_mark(raw_mark), int(raw_version), epoch,  # type: ignore[arg-type]
+                                                      round_):
             return None
         return int(raw_version)
 

@@ -119,14 +119,15 @@ class PserverShard:
         self.redis_keys = RedisKeys(options.job)
         self.counters = Counters()
         self.lock = threading.Lock()  # held while applying and while the publisher copies
-        # Known once registered (`run`): the index and its lease, then the run's parts; the
-        # state, the barrier (both replaced by a rollback) and the schedule of periodic steps.
-        self.index: int | None = None
-        self.lease: Lease | None = None
-        self.parts: ShardParts | None = None
-        self.state: ShardState | None = None
-        self.barrier: StepBarrier | None = None
-        self.schedule: Schedule | None = None
+        # Set once registered (`run`), and only read after: the index and its lease, then the
+        # run's parts; the state, the barrier (both replaced by a rollback) and the schedule of
+        # periodic steps. Declared, not set to None, so the type checker holds them set.
+        self.index: int
+        self.lease: Lease
+        self.parts: ShardParts
+        self.state: ShardState
+        self.barrier: StepBarrier
+        self.schedule: Schedule
         self.serving = False
         self._fold: tuple[dict, int] | None = None  # watermarks read, LSO to pass before folding
         self.fold_checks = 0  # times the shard looked at whether it could fold
@@ -347,6 +348,7 @@ class PserverShard:
         state, parts = self.state, self.parts
         publishing, checkpoints = parts.publishing, parts.checkpoints
         by_partition = state.examples_by_partition()
+        assert publishing.version is not None  # taken while serving: after the first round
         return ShardStats(
             shard=self.index, pid=os.getpid(), serving=self.serving, at=time.time(),
             version=publishing.version, offset=parts.grads.next_offset, deltas=self.counters.deltas,

@@ -30,4 +30,6 @@ class ShardStorage:
     def checkpoint_store(self, config: JobConfig, shard: int) -> CheckpointStore:
         """Shard `shard`'s checkpoints under `pservers.checkpoint_uri`, the newest
         `pservers.keep_checkpoints` kept."""
-        return CheckpointStore(config.pservers.checkpoint_uri, config.name, shard, config.pservers.keep_checkpoints)
+        uri = config.pservers.checkpoint_uri
+        assert uri is not None  # JobConfig fills in the default (schemas/config.py)
+        return CheckpointStore(uri, config.name, shard, config.pservers.keep_checkpoints)

@@ -45,7 +45,8 @@ class Reader:
             raise check.error("magic", f"expected {magic!r}, got {got_magic!r}")
         (version,) = self.unpack(_U8, "version")
         if version != check.version and version not in older:
-            understood = ", ".join(str(v) for v in sorted({check.version, *older}))
+            known = set(older) if check.version is None else {check.version, *older}
+            understood = ", ".join(str(v) for v in sorted(known))
             raise check.error("version", f"unknown version {version}; this reader understands {understood}")
         self.version = version
 
@@ -125,7 +126,7 @@ class Writer:
             self.add(bytes(pad))
 
     def array(self, values: np.ndarray, dtype: str) -> None:
-        self.add(np.ascontiguousarray(values, dtype=dtype).reshape(-1))
+        self.add(np.ascontiguousarray(values, dtype=dtype).reshape(-1).data)
 
     def table_rows(self, table: str, ids: np.ndarray, values: np.ndarray, dtype: str) -> None:
         name = table.encode("utf-8")

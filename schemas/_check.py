@@ -86,7 +86,8 @@ class Check:
     def checkpoint_id(self, field: str, value: object) -> str:
         # "latest" would collide with the checkpoints/latest pointer key.
         if not isinstance(value, str) or not _CHECKPOINT_ID.fullmatch(value) or value in (".", "..", "latest"):
-            raise self.error(field, f"{value!r} is not a checkpoint id ([A-Za-z0-9._-]{{1,128}}, not '.', '..', 'latest')")
+            raise self.error(field, f"{value!r} is not a checkpoint id ([A-Za-z0-9._-]{{1,128}}, "
+                                    "not '.', '..', 'latest')")
         return value
 
     def finite(self, field: str, values: np.ndarray, per_element: bool = False) -> None:

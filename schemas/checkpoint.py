@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 from . import _json
 from ._check import U32_MAX, U64_MAX, Check, nested
@@ -113,7 +114,7 @@ class CheckpointManifest:
         """Raises: SchemaError."""
         doc = _json.loads(_check, data)
 
-        def get(key: str) -> object:
+        def get(key: str) -> Any:
             return _json.field(_check, doc, key)
 
         files = []

@@ -17,10 +17,13 @@ The job's side of a checkpoint (`checkpoints/<id>/job`) is jobstate/job_checkpoi
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from . import _json
 from ._check import Check
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 VERSION = 1
 _PHASES = ("master", "shards")
@@ -28,7 +31,7 @@ _PHASES = ("master", "shards")
 Phase = Literal["master", "shards"]
 
 
-def _encode(doc: object) -> bytes:
+def _encode(doc: DataclassInstance) -> bytes:
     return _json.dumps({"v": VERSION, **{k: v for k, v in asdict(doc).items() if v is not None}})
 
 
@@ -115,8 +118,9 @@ class ShardCheckpoint:
     def from_json(cls, data: bytes | str) -> ShardCheckpoint:
         """Raises: SchemaError."""
         doc = _json.loads(_shard, data)
-        *head, rows = _json.required(_shard, doc, "shard", "uri", "grad_offset", "created_at", "optimizer", "rows")
-        return cls(*head, _json.obj(_shard, rows, "rows"))
+        shard, uri, grad_offset, created_at, optimizer, rows = _json.required(
+            _shard, doc, "shard", "uri", "grad_offset", "created_at", "optimizer", "rows")
+        return cls(shard, uri, grad_offset, created_at, optimizer, _json.obj(_shard, rows, "rows"))
 
 
 @dataclass(frozen=True)

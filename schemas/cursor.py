@@ -8,6 +8,7 @@ it; pservers read ``trained`` to record input watermarks in their checkpoints, a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from . import _json
 from ._check import Check
@@ -71,7 +72,7 @@ class PartitionCursor:
         """Raises: SchemaError."""
         doc = _json.loads(_check, data)
 
-        def get(key: str, *default: object) -> object:
+        def get(key: str, *default: Any) -> Any:
             return _json.field(_check, doc, key, *default)
 
         return cls(get("topic"), get("partition"), get("next"), get("trained"), get("origin"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 from dataclasses import dataclass
+from typing import Any
 
 from . import _json
 from ._check import Check
@@ -63,7 +64,7 @@ class DeadLetter:
         """Raises: SchemaError."""
         doc = _json.loads(_check, data)
 
-        def get(key: str) -> object:
+        def get(key: str) -> Any:
             return _json.field(_check, doc, key)
 
         encoded = get("payload")

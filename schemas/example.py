@@ -7,6 +7,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 
@@ -93,7 +94,7 @@ class Example:
         if reserved:
             raise _check.error("header", "reserved byte must be zero")
         dense = r.scalars("f", 4, n_dense, "dense")
-        sparse: dict[str, list[int]] = {}
+        sparse: dict[str, tuple[int, ...]] = {}
         for i in range(n_fields):
             (size,) = r.unpack(_NAME_LEN, f"sparse[{i}].name")
             name = r.text(size, f"sparse[{i}].name")
@@ -121,7 +122,7 @@ def _sort_key(name: object) -> str:
     return name if isinstance(name, str) else ""
 
 
-def _ids(field: str, value: object) -> tuple[int, ...]:
+def _ids(field: str, value: Any) -> tuple[int, ...]:  # anything: checked here
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "iu" or value.ndim != 1:
             raise _check.error(field, f"expected a 1-D integer array, got {value.dtype} shape {value.shape}")
@@ -136,7 +137,7 @@ def _ids(field: str, value: object) -> tuple[int, ...]:
     return tuple(_check.integer(f"{field}[{j}]", i, 0, U64_MAX) for j, i in enumerate(ids))
 
 
-def _dense(value: object) -> tuple[float, ...]:
+def _dense(value: Any) -> tuple[float, ...]:  # anything: checked here
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "fiu" or value.ndim != 1:
             raise _check.error("dense", f"expected a 1-D numeric array, got {value.dtype} shape {value.shape}")

@@ -157,7 +157,9 @@ class GradientDelta:
         set_(self, "dense", _entries("dense", self.dense, DenseSlice))
         set_(self, "sparse", _entries("sparse", self.sparse, SparseRows))
         if self.dtype == "float16":
-            for name, entries in (("dense", self.dense), ("sparse", self.sparse)):
+            groups: tuple[tuple[str, tuple[DenseSlice | SparseRows, ...]], ...] = (("dense", self.dense),
+                                                                                 ("sparse", self.sparse))
+            for name, entries in groups:
                 for i, entry in enumerate(entries):
                     _fits_float16(f"{name}[{i}].values", entry.values)
 

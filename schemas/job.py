@@ -90,8 +90,9 @@ class Holder:
     def from_json(cls, data: bytes | str) -> Holder:
         """Raises: SchemaError."""
         doc = _json.loads(_holder, data)
-        return cls(*_json.required(_holder, doc, "role", "name", "pid", "host"), doc.get("boot", ""),
-                   doc.get("pidns", ""), doc.get("since", 0.0), doc.get("address"))
+        role, name, pid, host = _json.required(_holder, doc, "role", "name", "pid", "host")
+        return cls(role, name, pid, host, doc.get("boot", ""), doc.get("pidns", ""), doc.get("since", 0.0),
+                   doc.get("address"))
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,8 @@ class BarrierSteps:
     def from_json(cls, data: bytes | str) -> BarrierSteps:
         """Raises: SchemaError."""
         doc = _json.loads(_steps, data)
-        return cls(_json.field(_steps, doc, "next"), _json.obj(_steps, _json.field(_steps, doc, "trainers"), "trainers"))
+        return cls(_json.field(_steps, doc, "next"),
+                   _json.obj(_steps, _json.field(_steps, doc, "trainers"), "trainers"))
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,8 @@ class ShardStats:
 
     `offset`: the next gradient offset it reads (everything before is applied); `version`: its
     publish version; `settled`: everything it applied is in Redis, row keys included (what a
-    reader of the keys, such as `streamtrain predict`, sees); `checkpoint`: the checkpoint it holds; `examples_by_partition`: examples
+    reader of the keys, such as `streamtrain predict`, sees); `checkpoint`: the checkpoint it holds;
+    `examples_by_partition`: examples
     applied per input `topic:partition` (each exactly once: the ledger); `table_rows`: rows per
     table; `at`: when it wrote this (epoch s)."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -121,7 +122,7 @@ def decode_rows(raw: Sequence[BytesLike | None], dim: int) -> tuple[np.ndarray, 
     """
     dim = _check_dim("dim", dim)
     size = ROW_HEADER_BYTES + 4 * dim
-    rows = raw if isinstance(raw, list) else list(raw)
+    rows: list[Any] = raw if isinstance(raw, list) else list(raw)  # len() and join() check the items
     placeholder = None
     lengths: list[int] | None
     try:
@@ -152,9 +153,9 @@ def decode_rows(raw: Sequence[BytesLike | None], dim: int) -> tuple[np.ndarray, 
     floats = words[:, 1:].view("<f4")
     finite = np.isfinite(floats)
     if not finite.all():
-        i, col = np.unravel_index(int(np.argmin(finite)), finite.shape)
-        word = "NaN" if np.isnan(floats[i, col]) else "inf"
-        raise _rows_check.error(f"rows[{i}]", f"{word} not allowed (at [{col}])")
+        row, col = np.unravel_index(int(np.argmin(finite)), finite.shape)
+        word = "NaN" if np.isnan(floats[row, col]) else "inf"
+        raise _rows_check.error(f"rows[{row}]", f"{word} not allowed (at [{col}])")
     return np.ascontiguousarray(floats, dtype=np.float32), present
 
 
@@ -166,7 +167,7 @@ def _check_dim(field: str, dim: object) -> int:
     return _rows_check.integer(field, dim, lo=1, hi=U16_MAX)
 
 
-def _header_problem(word: np.uint32, dim: int) -> str:
+def _header_problem(word: np.uint32 | int, dim: int) -> str:
     word = int(word)
     magic, version, got_dim = word & 0xFF, (word >> 8) & 0xFF, word >> 16
     if magic != ROW_MAGIC:

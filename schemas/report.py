@@ -53,9 +53,12 @@ class TaskReport:
     def from_json(cls, data: bytes | str) -> TaskReport:
         """Raises: SchemaError."""
         doc = _json.loads(_report, data)
-        return cls(*_json.required(_report, doc, "task_id", "trainer_id", "attempt", "examples", "bad_records",
-                                   "positives", "loss", "auc", "pull_s", "compute_s", "push_s", "started_at",
-                                   "finished_at"), doc.get("max_event_time_ms", 0))
+        (task_id, trainer_id, attempt, examples, bad_records, positives, loss, auc, pull_s, compute_s, push_s,
+         started_at, finished_at) = _json.required(_report, doc, "task_id", "trainer_id", "attempt", "examples",
+                                                   "bad_records", "positives", "loss", "auc", "pull_s", "compute_s",
+                                                   "push_s", "started_at", "finished_at")
+        return cls(task_id, trainer_id, attempt, examples, bad_records, positives, loss, auc, pull_s, compute_s,
+                   push_s, started_at, finished_at, doc.get("max_event_time_ms", 0))
 
 
 _report = Check("TaskReport", VERSION)

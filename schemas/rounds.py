@@ -96,7 +96,8 @@ class PublishedRound:
             applied = json.loads(r.text(applied_len, "applied"))
         except ValueError as exc:
             raise _check.error("applied", f"not JSON: {exc}") from exc
-        if not isinstance(applied, dict) or not all(isinstance(k, str) and isinstance(v, int) for k, v in applied.items()):
+        if not isinstance(applied, dict) or not all(isinstance(k, str) and isinstance(v, int)
+                                                    for k, v in applied.items()):
             raise _check.error("applied", "expected {trainer id: step}")
         rows = []
         for i in range(tables):

@@ -252,11 +252,12 @@ class JobRecord:
     def from_json(cls, data: bytes | str) -> JobRecord:
         """Raises: SchemaError."""
         doc = _json.loads(_record, data)
-        lists = [tuple(_kept_at(item, f"{k}[{i}]")
-                       for i, item in enumerate(_json.array(_record, _json.field(_record, doc, k), k)))
-                 for k in ("cursors", "todo", "done", "failed")]
+        cursors, todo, done, failed = [
+            tuple(_kept_at(item, f"{k}[{i}]")
+                  for i, item in enumerate(_json.array(_record, _json.field(_record, doc, k), k)))
+            for k in ("cursors", "todo", "done", "failed")]
         state = doc.get("state")
-        return cls(*lists, None if state is None else _kept_at(state, "state"))
+        return cls(cursors, todo, done, failed, None if state is None else _kept_at(state, "state"))
 
 
 def _kept_at(value: Any, path: str) -> KeptDocument:

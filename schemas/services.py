@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from . import _json
 from ._check import Check
@@ -67,18 +67,19 @@ class ServicePorts:
         return _json.dumps({"v": VERSION, "ports": ports}, indent=2)
 
     @classmethod
-    def from_json(cls, data: bytes | str) -> ServicePorts:
+    def from_json(cls, data: bytes | str) -> Self:
         """Raises: SchemaError. A document without "v" reads as version 1 (module docstring)."""
         doc = _json.loads(_check, data, unversioned=True)
         ports = _json.obj(_check, _json.field(_check, doc, "ports"), "ports")
         single = [_json.field(_check, ports, name, path=f"ports.{name}") for name in _SINGLE[:-1]]
         # Files from before the schema registry had a port: it is the one after Redis's.
-        registry = ports.get("registry", single[-1] + 1 if type(single[-1]) is int else None)
-        pairs = [_json.array(_check, ports.get(name, []), f"ports.{name}") for name in _PAIRS]
-        return cls(*single, registry, *pairs)
+        registry: Any = ports.get("registry", single[-1] + 1 if type(single[-1]) is int else None)
+        kafka, kafka_controller, etcd, etcd_peer, redis = single
+        pairs: list[Any] = [_json.array(_check, ports.get(name, []), f"ports.{name}") for name in _PAIRS]
+        return cls(kafka, kafka_controller, etcd, etcd_peer, redis, registry, *pairs)  # __post_init__ checks them
 
     @classmethod
-    def read(cls, path: Path) -> ServicePorts | None:
+    def read(cls, path: Path) -> Self | None:
         """The file at `path`; None if there is none.
 
         Raises:
@@ -105,9 +106,10 @@ class ServicePorts:
 def _pairs(name: str, value: object) -> Pairs:
     if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)):
         raise _check.error(f"ports.{name}", f"expected a list of [client, peer] ports, got {type(value).__name__}")
-    out = []
+    out: list[tuple[int, int]] = []
     for i, pair in enumerate(value):
         if isinstance(pair, (str, bytes)) or not isinstance(pair, (tuple, list)) or len(pair) != 2:
             raise _check.error(f"ports.{name}[{i}]", f"expected [client, peer], got {pair!r}")
-        out.append(tuple(_check.integer(f"ports.{name}[{i}][{j}]", p, lo=1, hi=_PORT_MAX) for j, p in enumerate(pair)))
+        client, peer = (_check.integer(f"ports.{name}[{i}][{j}]", p, lo=1, hi=_PORT_MAX) for j, p in enumerate(pair))
+        out.append((client, peer))
     return tuple(out)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from . import _json
 from ._check import Check
@@ -130,7 +130,7 @@ class TaskRecord:
         """Keys after ``end`` may be absent (they take their defaults). Raises: SchemaError."""
         doc = _json.loads(_check, data)
 
-        def get(key: str, *default: object) -> object:
+        def get(key: str, *default: Any) -> Any:
             return _json.field(_check, doc, key, *default)
 
         return cls(

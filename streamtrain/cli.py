@@ -377,7 +377,7 @@ def job_status_cmd(
 @app.command("predict")
 def predict_cmd(
     job: JobOpt,
-    source: Annotated[str, typer.Argument(metavar="[FILE|-]", 
+    source: Annotated[str, typer.Argument(metavar="[FILE|-]",
         help="File of records, one per line in the job's input.format (base64 lines for binary, avro and protobuf); "
         "'-' or nothing reads stdin.", show_default=False)] = "-",
     as_json: Annotated[bool, typer.Option(
@@ -545,7 +545,7 @@ def job_check_cmd(
         return
     share = f"{report.good / report.records:.1%}" if report.records else "-"
     console.print(f"records {report.records}  good {report.good} ({share})  bad {len(report.bad)}")
-    if report.label_rate is not None:
+    if report.label_rate is not None and report.event_time_ms is not None:  # both set, or neither
         console.print(f"label rate {report.label_rate:.4f}  event time {report.event_time_ms[0]} .. "
                       f"{report.event_time_ms[1]} ms")
     table = Table("sparse field", "model reads it", "present", "ids a record", "distinct ids")

@@ -163,7 +163,7 @@ class LocalJob:
                 raise
         except EtcdError as exc:
             raise InfraError(f"etcd at {self.endpoints.etcd}: {exc}") from exc
-        if settled.pservers.count != self.config.pservers.count:
+        if slot_map is not None and settled.pservers.count != self.config.pservers.count:
             self.note(resized_note(self.name, slot_map, self.config.pservers.count))
         self.config, self._etcd = settled, etcd
         self._started = time.monotonic()
@@ -179,7 +179,7 @@ class LocalJob:
             self.supervisor.add(pserver_child(i), self._pserver_args(i))
         for i in range(self.trainers):
             # At every start: a restart finds the CPUs this process may use now.
-            self.supervisor.add(f"trainer-{i}", lambda i=i: trainer_args(self.name, i, self.trainers, available()))
+            self.supervisor.add(f"trainer-{i}", self._trainer_args(i))
         self.monitor = JobMonitor(self.endpoints, self.name, self.config.pservers.count, self._started)
         self._poller = threading.Thread(target=self._poll, name=f"{self.name}-supervisor", daemon=True)
         self._poller.start()
@@ -241,12 +241,17 @@ class LocalJob:
                 except Exception as exc:  # noqa: BLE001  the poller restarts every child: it must not die
                     self.note(f"could not follow the job's shard count: {exc}")
             with self._lock:
+                assert self.supervisor is not None  # the poller starts after it
                 events = self.supervisor.poll()
                 self._events.extend(events)
 
     def _shard_exited(self) -> bool:
+        assert self.supervisor is not None  # the poller starts after it
         return any(c.state == "running" and c.proc is not None and c.proc.poll() is not None
                    for name, c in list(self.supervisor.children.items()) if shard_of_child(name) is not None)
+
+    def _trainer_args(self, index: int) -> Callable[[], list[str]]:
+        return lambda: trainer_args(self.name, index, self.trainers, available())
 
     def _pserver_args(self, index: int) -> list[str]:
         return ["pserver", "--job", self.name, "--index", str(index)]
@@ -259,6 +264,7 @@ class LocalJob:
         from streamtrain.schemas import EtcdKeys
 
         keys = EtcdKeys(self.name)
+        assert self._etcd is not None and self.supervisor is not None  # the poller starts after both
         try:
             entry = self._etcd.get(keys.ps_desired)
         except EtcdError:

@@ -96,7 +96,7 @@ class JobMonitor:
                 if msg.error():
                     continue
                 try:
-                    report = TaskReport.from_json(msg.value())
+                    report = TaskReport.from_json(msg.value() or b"")  # no value: refused, as None was
                 except SchemaError:
                     continue
                 if report.task_id in self.seen:  # a re-run task (timeout, zombie): count it once
@@ -116,7 +116,8 @@ class JobMonitor:
             snap.queues = status.queues
             snap.lag_by_partition = {partition_label(p.topic, p.partition): p.lag for p in status.partitions}
             lags = [p.lag for p in status.partitions]
-            snap.lag = sum(lags) if lags and None not in lags else None
+            known = [lag for lag in lags if lag is not None]
+            snap.lag = sum(known) if lags and len(known) == len(lags) else None
             snap.leader_pid = status.leader.pid if status.leader else None
             snap.trainers = len(status.members.trainers)
             snap.pservers = len(status.members.pservers)
@@ -130,7 +131,7 @@ class JobMonitor:
             snap.errors.append(f"metrics: {exc}")
         try:
             raw = self.nodes.get_each(self.stats_keys)
-            snap.shards = [ShardStats.from_json(raw[i]) if raw[i] else None for i in self.stats_keys]
+            snap.shards = [ShardStats.from_json(value) if (value := raw[i]) else None for i in self.stats_keys]
             applied = [s.examples for s in snap.shards if s is not None]
             snap.applied = min(applied) if applied and len(applied) == len(snap.shards) else None
         except Exception as exc:  # noqa: BLE001
@@ -146,20 +147,22 @@ class JobMonitor:
             snap.examples_per_s = (self.examples - n0) / (now - t0)
 
         recent = list(self.recent)
-        scored = [r for r in recent if r.auc is not None]
+        scored = [(r.auc, r.examples) for r in recent if r.auc is not None]
         if scored:
-            weight = sum(r.examples for r in scored)
-            snap.auc = sum(r.auc * r.examples for r in scored) / weight
+            weight = sum(examples for _, examples in scored)
+            snap.auc = sum(auc * examples for auc, examples in scored) / weight
             if self.first_auc_s is None:
                 self.first_auc_s = snap.elapsed_s
             self.auc_history.append((snap.elapsed_s, snap.auc))
-        with_loss = [r for r in recent if r.loss is not None]
+        with_loss = [(r.loss, r.examples) for r in recent if r.loss is not None]
         if with_loss:
-            snap.loss = sum(r.loss * r.examples for r in with_loss) / sum(r.examples for r in with_loss)
+            snap.loss = (sum(loss * examples for loss, examples in with_loss)
+                         / sum(examples for _, examples in with_loss))
         timed = [r for r in recent if r.max_event_time_ms]
         if timed:
             snap.event_to_trained_s = statistics.median(r.finished_at - r.max_event_time_ms / 1000 for r in timed)
             snap.newest_trained_age_s = now_wall - max(r.max_event_time_ms for r in timed) / 1000
         if recent:
-            snap.timings = {k: statistics.fmean(getattr(r, k) for r in recent) for k in ("pull_s", "compute_s", "push_s")}
+            snap.timings = {k: statistics.fmean(getattr(r, k) for r in recent)
+                            for k in ("pull_s", "compute_s", "push_s")}
         return snap

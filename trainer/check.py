@@ -102,6 +102,7 @@ def _unused_fields(config: JobConfig, decoder: ChunkDecoder, sample: Sequence[tu
     if config.input.format == "csv":
         return {c.name: float("nan") for c in config.input.csv_columns
                 if c.kind == "sparse" and c.name not in decoder.fields}
+    seen: Counter[str]
     decode, seen, scanned = make_decoder(config.input), Counter(), 0
     for _, value in sample[:_FIELD_SCAN]:
         try:

@@ -233,6 +233,7 @@ class Committer:
         with self._cond:  # a later attempt of the task by this trainer starts clean
             self._failed.pop(task.task_id, None)
         end = task_end(exc)
+        assert end is not None  # a DeliveryError ends the task (policy.task_end)
         try:
             if end.ending == "failed":
                 self._tasks.fail(task, str(exc))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -41,23 +42,28 @@ class CsvChunks:
         self._read = pv.ReadOptions(column_names=self.names, use_threads=False)
         # `ignore` columns are split but never converted.
         self._convert = pv.ConvertOptions(column_types={n: pa.string() for n in self.names},
-                                          include_columns=[n for n, c in zip(self.names, columns) if c.kind != "ignore"],
+                                          include_columns=[n for n, c in zip(self.names, columns)
+                                                           if c.kind != "ignore"],
                                           strings_can_be_null=False, quoted_strings_can_be_null=False)
 
     def parse(self, values: Sequence[bytes | None]) -> tuple[Columns, np.ndarray, list[int]]:
         """(columns of the records decoded here, their positions, positions for CsvDecoder)."""
+        lines: Sequence[bytes]
+        at: Any  # the lines' positions: a range or a list, then an int64 array
+        slow: list[int]
         plain = _plain_lines(values) if self.usable else None
         if plain is not None:  # the usual chunk: every record one plain line, checked in C
-            lines, at, slow, joined = values, range(len(values)), [], plain
+            lines, at, slow, joined = cast("Sequence[bytes]", values), range(len(values)), [], plain  # no None
         else:
-            lines, at, slow = [], [], []
+            kept: list[bytes] = []
+            lines, at, slow = kept, [], []
             if self.usable:
                 for i, value in enumerate(values):
                     line = value.rstrip(b"\r\n") if value is not None else b""
                     if not line or b"\n" in line or b"\r" in line or b'"' in line:
                         slow.append(i)
                     else:
-                        lines.append(line)
+                        kept.append(line)
                         at.append(i)
             else:
                 slow = list(range(len(values)))
@@ -156,7 +162,7 @@ def _plain_lines(values: Sequence[bytes | None]) -> bytes | None:
     """The records joined by line breaks if every one is a non-empty line with no line break,
     carriage return or quote (what the per-record checks let through unchanged), else None."""
     try:
-        joined = b"\n".join(values)
+        joined = b"\n".join(values)  # type: ignore[arg-type]  # a None raises TypeError: handled
     except TypeError:  # a record without a value
         return None
     if (not joined or joined.count(b"\n") != len(values) - 1 or b"\r" in joined or b'"' in joined
@@ -220,4 +226,5 @@ class CsvDecoder:
                                                 for t in cell.split("|") if t)
             except ValueError as exc:
                 raise self._error(f"csv column {column.name!r} ({column.kind}): {cell!r} is not a number") from exc
+        assert label is not None  # a job declares one label column (JobConfig checks)
         return Example(sparse, tuple(dense), label, ts)

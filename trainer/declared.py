@@ -2,7 +2,8 @@
 schemas/fields.py, which says what each path may hold).
 
 `DeclaredJson` decodes one record and is the reference: what it accepts and the reasons it
-gives are the verdicts (`DeclaredRecord` maps the parsed record, for Avro's too). `DeclaredFast` reads a chunk with pyarrow's JSON reader, in C,
+gives are the verdicts (`DeclaredRecord` maps the parsed record, for Avro's too). `DeclaredFast` reads a chunk with
+pyarrow's JSON reader, in C,
 and converts the declared columns vectorised; strings become ids once per distinct string. A
 chunk pyarrow cannot read as one table (a value whose type changes between records, a record
 that is not an object) and every record a vectorised check refuses go to `DeclaredJson`, so

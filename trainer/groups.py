@@ -92,8 +92,9 @@ class GroupTrainer:
         the model when `train.pull_every` mini-batches have trained since their last pull."""
         started = time.perf_counter()
         layout = self.rows
-        dense = self.since_dense is None or self.since_dense >= self.pull_every
-        self.since_dense = 1 if dense else self.since_dense + 1
+        since = self.since_dense
+        dense = since is None or since >= self.pull_every
+        self.since_dense = 1 if dense or since is None else since + 1
         # Each row's shard, hashed once: the pull needs the shards' versions, the push splits by them.
         owners = self.slot_map.shard_of_rows(layout.name, ids) if layout.width else None
         request = {layout.name: layout.width} if layout.width else {}
@@ -130,7 +131,8 @@ class GroupTrainer:
         for param in self._params:
             param.grad = None
         if self.estimate_dense:  # the next step, pulled or not, sees this one's dense change
-            self.layout.add({(param, block): self.own.block((param, block), grad, self.buffer.shard_of_block(param, block))
+            self.layout.add({(param, block): self.own.block((param, block), grad,
+                                                            self.buffer.shard_of_block(param, block))
                              for param, block, grad in dense})
         computed = time.perf_counter() - started
         metrics.compute_s += computed

@@ -84,11 +84,11 @@ class OwnPushes:
         """A dense block's gradient of one step (mini-batch) of the push being made; returns
         the step's estimated change. A push of several steps changes the block by their sum."""
         grads = grad.reshape(1, -1)
-        state, steps = self._dense_state.get(block) or (None, None)
-        if state is None:
-            state = {name: np.zeros_like(grads) for name in self.rule.state_names}
-            steps = np.zeros(1, dtype=np.int64)
-            self._dense_state[block] = (state, steps)
+        held = self._dense_state.get(block)
+        if held is None:
+            held = self._dense_state[block] = ({name: np.zeros_like(grads) for name in self.rule.state_names},
+                                               np.zeros(1, dtype=np.int64))
+        state, steps = held
         change = np.zeros_like(grads)
         self.rule.apply(change, grads, state, steps)
         steps += 1

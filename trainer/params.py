@@ -2,7 +2,8 @@
 torch model, and turning the gradients of a push group into one GradientDelta per shard.
 
 Dense parameters, end to end, are cut into blocks of `BLOCK` values, addressed `(the layout's
-name, block)` (`DenseLayout`), each owned by the shard the slot map says. A shard stores and updates what training has added to a
+name, block)` (`DenseLayout`), each owned by the shard the slot map says. A shard stores and updates what training
+has added to a
 block, starting from zero; the parameter's value is the model's own initial value plus that.
 The model is built under a fixed seed (`trainer.models.MODEL_SEED`), so its initial values,
 PyTorch's own initialisation of each layer, are the same in every process without the shards
@@ -118,7 +119,8 @@ class DenseLayout:
             [p.detach().reshape(-1).cpu().numpy().astype(np.float32) for _, p in params]
         ) if params else np.zeros(0, dtype=np.float32)
         self._initial.flags.writeable = False
-        self.blocks = [_Block(self.name, b, start, min(start + BLOCK, at)) for b, start in enumerate(range(0, at, BLOCK))]
+        self.blocks = [_Block(self.name, b, start, min(start + BLOCK, at))
+                       for b, start in enumerate(range(0, at, BLOCK))]
         # The parameters each block holds values of (by position in `_segments`).
         self._spans = {b.block: [i for i, s in enumerate(self._segments) if s.start < b.stop and b.start < s.stop]
                        for b in self.blocks}
@@ -311,6 +313,7 @@ class PendingFetch:
         """The rounds read go into the replica first, then the rows read from keys that no
         round brought meanwhile; the batch's rows are the replica's and those."""
         replica, cold, ids = self._sync.replica, self._cold, self._ids
+        assert replica is not None and cold is not None  # a cold part is only made with a replica
         replica.apply(pull.rounds, pull.flushed)
         slots = cold.slots
         if replica.generation != cold.generation:
@@ -374,7 +377,8 @@ class GradientBuffer:
         for param, block, values in dense:
             values = np.ascontiguousarray(values, dtype=np.float32)
             base = bases.get((param, block), 0) if bases else 0
-            self._dense[self.shard_of_block(param, block)].append(DenseSlice.of_wire_types(param, block, 0, values, base))
+            self._dense[self.shard_of_block(param, block)].append(
+                DenseSlice.of_wire_types(param, block, 0, values, base))
 
     def deltas(self, task_id: str, seq: int, trainer_id: str, step: int, examples: int) -> list[GradientDelta]:
         """One delta per shard, empty ones included: every shard counts every group's

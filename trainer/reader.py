@@ -74,13 +74,13 @@ class RangeReader:
                     msgs = [msg for msg in msgs if msg.error() is None]
                 before = position
                 if msgs:
-                    if position == start and msgs[0].offset() > start:
+                    if position == start and _offset(msgs[0]) > start:
                         self._say_if_gone(topic, partition, start, end)
-                    if msgs[-1].offset() >= end:
-                        msgs = [msg for msg in msgs if msg.offset() < end]
+                    if _offset(msgs[-1]) >= end:
+                        msgs = [msg for msg in msgs if _offset(msg) < end]
                         position = end
                     else:
-                        position = msgs[-1].offset() + 1
+                        position = _offset(msgs[-1]) + 1
                     if msgs:
                         yield msgs
                 if position < end:
@@ -104,3 +104,10 @@ class RangeReader:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def _offset(msg: Message) -> int:
+    """A consumed record's offset (only an error comes without one)."""
+    offset = msg.offset()
+    assert offset is not None
+    return offset

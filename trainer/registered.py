@@ -296,8 +296,8 @@ def _converter(field: FieldDescriptor) -> _Convert:
             return lambda value: value.ToDatetime(tzinfo=_UTC)  # type: ignore[attr-defined]
         if kind.full_name in _WRAPPERS:
             return lambda value: value.value  # type: ignore[attr-defined]
-        return _document  # type: ignore[return-value]
+        return _document
     if field.enum_type is not None:
         names = {number: value.name for number, value in field.enum_type.values_by_number.items()}
-        return lambda value: names.get(value, value)  # type: ignore[call-overload]
+        return lambda value: names.get(value, value)
     return None

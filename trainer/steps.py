@@ -8,7 +8,8 @@ nobody back; and since every trainer keeps its own pushes close, each also train
 parameters missing only the last push or two of the others.
 
 sync: after pushing step k, wait until every shard has released step k, so the next
-mini-batch trains on parameters that include every live trainer's step k. bounded (stale synchronous parallel): before going on, wait while this
+mini-batch trains on parameters that include every live trainer's step k. bounded (stale synchronous parallel):
+before going on, wait while this
 trainer's own step is not yet visible at every shard, or while it is more than `staleness`
 steps ahead of the slowest trainer's visible step (`next_step`). Its own step is what bounds
 staleness under load: without it a trainer whose shards lag behind trains on parameters
@@ -57,7 +58,7 @@ class StepGate:
 
     def _read_each(self) -> list[BarrierSteps | None]:
         raw = self._nodes.get_each(self._keys)
-        return [BarrierSteps.from_json(raw[s]) if raw[s] else None for s in self._keys]
+        return [BarrierSteps.from_json(value) if (value := raw[s]) else None for s in self._keys]
 
     def _read_if_up(self) -> list[BarrierSteps | None]:
         """As `_read_each`; none read while Redis is away (it may be restarting)."""

@@ -110,8 +110,9 @@ class Trainer:
         self.obs = TrainerMetrics.for_trainer(job, self.trainer_id)  # Prometheus, docs/observability.md
         # Known once the job's config is (`run`): the run's parts (trainer/assembly.py), and the
         # membership lease, renewed by the feed's thread and the training thread alike.
-        self.parts: TrainerParts | None = None
-        self.lease: Lease | None = None
+        # Declared, not set to None, so the type checker holds them set where they are used.
+        self.parts: TrainerParts
+        self.lease: Lease
         self._membership_lock = threading.Lock()
         self.step = 0  # push groups sent, across tasks: the next push's step
         self.slots_seen = 0  # the newest etcd revision of the slot map the feed has read
@@ -119,8 +120,8 @@ class Trainer:
     @property
     def registered(self) -> bool:
         """Set up and a member of the job (its readiness): its lease held."""
-        lease = self.lease
-        return lease is not None and not lease.lost.is_set() and self.parts is not None
+        lease = getattr(self, "lease", None)  # neither is set before `run` has
+        return lease is not None and not lease.lost.is_set() and getattr(self, "parts", None) is not None
 
     # -- life cycle ----------------------------------------------------------------------
     def run(self, stop: threading.Event, max_tasks: int | None = None) -> None:

@@ -175,6 +175,7 @@ def _resize_on_schedule(job: LocalJob, resizes: Sequence[tuple[float, int]], sto
     """Each (T, N) of `resizes` in turn, T seconds after the job started; a failed resize is an
     event in the view, not the end of the demo."""
     for at, shards in sorted(resizes):
+        assert job.monitor is not None  # the job was started
         if stop.wait(max(0.0, at - (time.monotonic() - job.monitor.started))):
             return
         try:
@@ -203,7 +204,8 @@ def run_demo(target: LocalServices | Endpoints, console: Console, *, home: Path 
     started = time.monotonic()
     console.rule("streamtrain demo")
     local = target if isinstance(target, LocalServices) else None
-    if local is not None:
+    if isinstance(target, LocalServices):
+        local = target
         try:
             for name, took in local.up().items():
                 console.print(f"{name:6} " + ("already running" if took is None else f"ready in {took:.1f} s"))
@@ -233,12 +235,14 @@ def run_demo(target: LocalServices | Endpoints, console: Console, *, home: Path 
             threading.Thread(target=_resize_on_schedule, args=(running, resizes, stop), name="demo-resize",
                              daemon=True).start()
         deadline = None if duration is None else started + duration
+        supervisor = running.supervisor
+        assert supervisor is not None  # started above
         if headless:
-            snap = follow(running, stop, deadline, events, headlines(console, running.supervisor, events), on_tick)
+            snap = follow(running, stop, deadline, events, headlines(console, supervisor, events), on_tick)
         else:
             with Live(console=console, refresh_per_second=2, transient=False) as live:
                 def show(s):
-                    live.update(render(s, running.supervisor, plan.job, events))
+                    live.update(render(s, supervisor, plan.job, events))
                 snap = follow(running, stop, deadline, events, show, on_tick)
     finally:
         result = running.stop() if running is not None else None
@@ -247,6 +251,7 @@ def run_demo(target: LocalServices | Endpoints, console: Console, *, home: Path 
         restore()  # only now: a second Ctrl-C must not interrupt the clean-up
     snap = running.final_status or snap
     monitor = running.monitor
+    assert monitor is not None  # made by start()
     summary = DemoSummary(
         job=plan.job, duration_s=round(time.monotonic() - started, 1),
         examples=snap.examples if snap else 0, applied=snap.applied if snap else None,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 from rich.console import Console
 
@@ -32,7 +33,7 @@ def run_job(job: LocalJob, console: Console, stop: threading.Event | None = None
     stop = stop or threading.Event()
     restore = handle_stop_signals(stop)
     events: list[str] = []
-    state: dict[str, object] = {"value": None, "checked": 0.0}
+    state: dict[str, Any] = {"value": None, "checked": 0.0}
     snap = None
     try:
         console.print(f"job    {job.name}  ({job.config.pservers.count} pservers, {job.trainers} trainers)",
@@ -58,6 +59,7 @@ def run_job(job: LocalJob, console: Console, stop: threading.Event | None = None
                 if value == "finished":
                     events.append(f"job {job.name} finished its last pass over the input; Ctrl-C to stop")
 
+        assert job.supervisor is not None  # started above
         snap = follow(job, stop, None, events, headlines(console, job.supervisor, events), watch_state)
     finally:
         result = job.stop()

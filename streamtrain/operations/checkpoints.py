@@ -113,6 +113,7 @@ def request_checkpoint(etcd: Etcd, job: str, wait_s: float = 60.0, poll_s: float
         if time.monotonic() >= deadline:
             raise CheckpointTimeout(job, "another checkpoint request stayed outstanding", wait_s)
         time.sleep(poll_s)
+    current: bytes | None
     nonce, current = CheckpointRequest.from_json(asked).ask, asked
     checkpoint_id: str | None = None
     try:

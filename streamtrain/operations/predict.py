@@ -14,6 +14,7 @@ import base64
 import binascii
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from streamtrain.infra import Endpoints
 from streamtrain.schemas import StreamtrainError
@@ -47,7 +48,7 @@ class Predictor:
         self.base64 = config.input.format in BASE64_FORMATS
 
     @classmethod
-    def connect(cls, endpoints: Endpoints, job: str) -> tuple[Predictor, object]:
+    def connect(cls, endpoints: Endpoints, job: str) -> tuple[Predictor, Any]:  # Any: a redis client
         """Returns the predictor and the Redis client it scores through (close it when done)."""
         from streamtrain.infra.clients import redis_client
         from streamtrain.schemas.config import JobConfigError

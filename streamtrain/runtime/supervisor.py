@@ -182,20 +182,20 @@ class Supervisor:
 
     def poll(self) -> list[str]:
         """Notice exits and start due restarts; returns a line per event (for the view's log)."""
-        events = []
+        events: list[str] = []
         if self.stopping:
             return events
         now = time.monotonic()
         for child in self.children.values():
-            if child.state == "running" and child.proc is not None and child.proc.poll() is not None:
-                child.last_exit = child.proc.returncode
+            if child.state == "running" and child.proc is not None and (code := child.proc.poll()) is not None:
+                child.last_exit = code  # the returncode
                 ran = now - child.started_at
                 if child.retired:
                     child.state = "retired"
                     events.append(f"{child.name} exited with {child.last_exit} after {ran:.0f} s; retired, "
                                   "not restarted")
                     continue
-                child.backoff_s = restart_backoff(child.backoff_s, ran, child.last_exit, min_s=self.min_backoff_s,
+                child.backoff_s = restart_backoff(child.backoff_s, ran, code, min_s=self.min_backoff_s,
                                                   max_s=self.max_backoff_s, healthy_after_s=self.healthy_after_s)
                 child.restart_at = now + child.backoff_s
                 child.state = "restarting"
@@ -210,6 +210,7 @@ class Supervisor:
                     child.restart_at = now + child.backoff_s
                     events.append(f"{child.name} could not start ({exc}); retrying in {child.backoff_s:.0f} s")
                     continue
+                assert child.proc is not None  # _spawn made it
                 how = "warm" if isinstance(child.proc, Forked) else "a new interpreter"
                 events.append(f"{child.name} restarted (pid {child.proc.pid}, restart {child.restarts}, {how})")
         said, self._events = self._events, []
@@ -219,21 +220,21 @@ class Supervisor:
         """SIGTERM every running child, wait up to the grace period, SIGKILL the rest, reap all.
         Returns the names of the children that had to be killed."""
         self.stopping = True
-        running = [c for c in self.children.values() if c.proc is not None and c.proc.poll() is None]
-        for child in running:
-            _signal(child.proc, signal.SIGTERM)
+        running = [(c, c.proc) for c in self.children.values() if c.proc is not None and c.proc.poll() is None]
+        for child, proc in running:
+            _signal(proc, signal.SIGTERM)
         deadline = time.monotonic() + self.grace_s
-        for child in running:
+        for child, proc in running:
             try:
-                child.proc.wait(max(0.0, deadline - time.monotonic()))
+                proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
         killed = []
-        for child in running:
-            if child.proc.poll() is None:
+        for child, proc in running:
+            if proc.poll() is None:
                 killed.append(child.name)
-                _signal(child.proc, signal.SIGKILL)
-                child.proc.wait(10)
+                _signal(proc, signal.SIGKILL)
+                proc.wait(10)
         for child in self.children.values():
             if child.proc is not None:
                 child.last_exit = child.proc.poll() if child.state == "running" else child.last_exit

@@ -54,6 +54,7 @@ class Forked:
     def __init__(self, process: multiprocessing.process.BaseProcess, name: str) -> None:
         self._process = process
         self.name = name
+        assert process.pid is not None  # a started process
         self.pid: int = process.pid
         self.returncode: int | None = None
         # Its exit code is read once from a pipe: a poll from the supervisor's thread and
@@ -72,9 +73,10 @@ class Forked:
         if self.poll() is None:
             with contextlib.suppress(OSError, ValueError):  # exited and closed meanwhile
                 multiprocessing.connection.wait([self._process.sentinel], timeout)
-        if self.poll() is None:
+        code = self.poll()  # the returncode
+        if code is None:
             raise subprocess.TimeoutExpired(f"{self.name} (pid {self.pid})", timeout or 0.0)
-        return self.returncode
+        return code
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
@@ -107,7 +109,7 @@ def start(command: Command, args: Sequence[str], log_path: Path, env: Mapping[st
         # Out of multiprocessing's own list of children: it would poll their exit codes at the
         # next start, from whatever thread that is, and join them without a timeout at exit.
         # The supervisor polls and stops its children itself.
-        multiprocessing.process._children.discard(process)
+        multiprocessing.process._children.discard(process)  # type: ignore[attr-defined]  # private: not in the stubs
     return Forked(process, command.name)
 
 

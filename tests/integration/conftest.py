@@ -262,6 +262,7 @@ def assert_exact_cover(completed, ends: dict[tuple[str, int], int], pass_no: int
         ranges = sorted(by_partition.get(tp, []))
         position = 0
         for start, stop in ranges:
-            assert start == position, f"{tp}: {'gap' if start > position else 'overlap'} at {position} (next range starts {start})"
+            assert start == position, (f"{tp}: {'gap' if start > position else 'overlap'} at {position} "
+                                       f"(next range starts {start})")
             position = stop
         assert position == end, f"{tp}: covered up to {position}, end is {end}"

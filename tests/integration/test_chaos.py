@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_ci_chaos_profile_holds_its_ledger_and_quality(tmp_path) -> None:
     out = tmp_path / "chaos.json"
-    env = {k: v for k, v in os.environ.items() if k not in ("STREAMTRAIN_KAFKA", "STREAMTRAIN_ETCD", "STREAMTRAIN_REDIS")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("STREAMTRAIN_KAFKA", "STREAMTRAIN_ETCD", "STREAMTRAIN_REDIS")}
     done = subprocess.run([sys.executable, "-m", "bench.chaos", "--profile", "ci", "--timeout-s", "300",
                            "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert out.exists(), f"no report; exit {done.returncode}:\n{done.stderr[-3000:]}"

@@ -104,8 +104,9 @@ def test_predict_scores_records_with_the_served_parameters_and_scores_move_with_
         coord.close()
 
 
-def test_checkpoint_asks_the_master_registers_every_shard_and_sets_latest(services, etcd, redis_conn, unique, topic_factory,
-                                                                           tmp_path, start_master) -> None:
+def test_checkpoint_asks_the_master_registers_every_shard_and_sets_latest(services, etcd, redis_conn, unique,
+                                                                           topic_factory, tmp_path,
+                                                                           start_master) -> None:
     topic = topic_factory("ckpt", partitions=1)  # the master leads once its input exists
     config = make_job(unique("ckpt"), topic, tmp_path)
     keys = EtcdKeys(config.name)

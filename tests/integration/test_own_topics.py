@@ -99,7 +99,8 @@ def avro_records(registry: str, topic: str) -> list[bytes]:
     out = []
     for i, e in enumerate(TRAIN):
         version = 1 if i < len(TRAIN) // 2 else 2
-        event = {"ids": {f: list(e.sparse.get(f, ())) for f in FIELDS}, **({"request": f"r-{i}"} if version == 1 else {})}
+        event = {"ids": {f: list(e.sparse.get(f, ())) for f in FIELDS},
+                 **({"request": f"r-{i}"} if version == 1 else {})}
         record = {"event": event, "features": {f"d{j}": x for j, x in enumerate(e.dense)}, "clicked": e.label > 0.5,
                   "ts": e.event_time_ms, **({"device": "ios"} if version == 2 else {})}
         buf = io.BytesIO()
@@ -116,7 +117,8 @@ def protobuf_records(registry: str, topic: str) -> list[bytes]:
     out = []
     for i, e in enumerate(TRAIN):
         version = 1 if i < len(TRAIN) // 2 else 2
-        event = {"ids": {f: list(e.sparse.get(f, ())) for f in FIELDS}, **({"request": f"r-{i}"} if version == 1 else {})}
+        event = {"ids": {f: list(e.sparse.get(f, ())) for f in FIELDS},
+                 **({"request": f"r-{i}"} if version == 1 else {})}
         record = classes[version](event=event, features={f"d{j}": x for j, x in enumerate(e.dense)},
                                   clicked=e.label > 0.5, **({"device": "ios"} if version == 2 else {}))
         record.ts.FromMilliseconds(e.event_time_ms)

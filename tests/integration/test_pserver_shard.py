@@ -20,8 +20,8 @@ from streamtrain.params.paramstore import ParamClient, ParamsUnavailableError
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.pserver.shard import PserverShard, ShardOptions
 from streamtrain.pserver.state import ShardState
-from streamtrain.schemas import (CheckpointRequest, DeadLetter, DenseSlice, EtcdKeys, GradientDelta, PartitionCursor, RedisKeys,
-                                 SparseRows, TaskRecord, Topics, encode_rows_matrix)
+from streamtrain.schemas import (CheckpointRequest, DeadLetter, DenseSlice, EtcdKeys, GradientDelta, PartitionCursor,
+                                 RedisKeys, SparseRows, TaskRecord, Topics, encode_rows_matrix)
 
 pytestmark = pytest.mark.services
 
@@ -203,7 +203,8 @@ def checkpointed_then_stopped(services, redis_conn, coord: Etcd, job: str, ckpt:
 
 
 @pytest.mark.slow
-def test_a_rerun_committed_after_a_checkpoint_and_a_restart_is_applied_once(services, redis_conn, unique, tmp_path) -> None:
+def test_a_rerun_committed_after_a_checkpoint_and_a_restart_is_applied_once(services, redis_conn, unique,
+                                                                             tmp_path) -> None:
     job = unique("psdedup")
     coord = Etcd.connect(services)
     try:

@@ -41,7 +41,8 @@ def resized_meanwhile(services, etcd: Etcd, job: str, shards: int, background: B
                  120, "the resize's new shard count", interval=0.1)
         assert not errors, errors
         for index in join:
-            background.start(lambda stop, i=index: PserverShard(services, ShardOptions(job, i, lease_ttl_s=2)).run(stop))
+            background.start(lambda stop, i=index: PserverShard(services, ShardOptions(job, i, lease_ttl_s=2))
+                             .run(stop))
     thread.join(180)
     assert not errors, errors
     return done[0]

@@ -38,7 +38,8 @@ def test_sync_barrier_releases_steps_and_lets_a_frozen_trainer_go(services, redi
     try:
         background.start(lambda stop: Master(Etcd.connect(services), InputOffsets(services), config).run(stop))
         for i in range(2):
-            background.start(lambda stop, i=i: PserverShard(services, ShardOptions(config.name, i, lease_ttl_s=2)).run(stop))
+            background.start(lambda stop, i=i: PserverShard(services, ShardOptions(config.name, i, lease_ttl_s=2))
+                             .run(stop))
         # Paused (no task is claimed) until both trainers are up: the first one up, alone, could
         # otherwise train most of the steps, or all of them, before the other starts (a fresh
         # clone's CI saw the in-process one find no task left).
@@ -94,7 +95,8 @@ def test_bounded_staleness_keeps_trainers_within_s_steps(services, redis_conn, t
     try:
         background.start(lambda stop: Master(Etcd.connect(services), InputOffsets(services), config).run(stop))
         for i in range(2):
-            background.start(lambda stop, i=i: PserverShard(services, ShardOptions(config.name, i, lease_ttl_s=2)).run(stop))
+            background.start(lambda stop, i=i: PserverShard(services, ShardOptions(config.name, i, lease_ttl_s=2))
+                             .run(stop))
         for name in ("a", "b"):
             background.start(lambda stop, name=name: Trainer(services, config.name, name, lease_ttl_s=2).run(stop))
         wait_for(watch, 180, "the job's single pass", interval=0.05)
@@ -121,7 +123,8 @@ def test_a_gated_trainer_joins_once_every_shard_has_written_its_steps(redis_conn
     keys = RedisKeys(job)
     gate = StepGate(redis_conn, job, 2, SgdMode.BOUNDED, 2, "t2", max_wait_s=5)  # joining anew
     redis_conn.set(keys.steps(0), BarrierSteps(0, {"t0": 40, "t1": 37}).to_json())
-    writer = threading.Timer(0.5, lambda: redis_conn.set(keys.steps(1), BarrierSteps(0, {"t0": 41, "t1": 30}).to_json()))
+    writer = threading.Timer(0.5, lambda: redis_conn.set(keys.steps(1),
+                                                         BarrierSteps(0, {"t0": 41, "t1": 30}).to_json()))
     began = time.monotonic()
     writer.start()
     try:

@@ -123,7 +123,8 @@ def applied_counts(redis_conn, job: str, counts: dict[int, int], topic: str) -> 
 def applied_exactly(redis_conn, job: str, counts: dict[int, int], topic: str) -> bool:
     """`applied_counts`, and every shard has all it applied in Redis (row keys included: what
     the holdout scoring reads)."""
-    return applied_counts(redis_conn, job, counts, topic) and all(s.get("settled") for s in shard_stats(redis_conn, job))
+    return (applied_counts(redis_conn, job, counts, topic)
+            and all(s.get("settled") for s in shard_stats(redis_conn, job)))
 
 
 def holdout_auc(etcd: Etcd, redis_conn, config) -> float:
@@ -330,7 +331,8 @@ def test_a_task_whose_commit_fails_is_redone_and_its_outputs_committed_once(serv
     broker, background, trainers, coord = RefusedOnce(services), Background(), [], Etcd.connect(services)
     background.start(lambda stop: Master(Etcd.connect(services), InputOffsets(services), config).run(stop))
     for i in range(2):
-        background.start(lambda stop, i=i: PserverShard(services, ShardOptions(config.name, i, lease_ttl_s=2)).run(stop))
+        background.start(lambda stop, i=i: PserverShard(services, ShardOptions(config.name, i, lease_ttl_s=2))
+                         .run(stop))
     trainers.append(Trainer(services, config.name, "t0", lease_ttl_s=2, broker=broker))
     background.start(trainers[0].run)
     try:

@@ -58,7 +58,8 @@ def test_block_owner_is_deterministic_and_json_round_trips() -> None:
     m = SlotMap.uniform(128, 2)
     again = SlotMap.from_json(m.to_json())
     assert again == m
-    assert [m.shard_of_block("fc1.weight", b) for b in range(5)] == [again.shard_of_block("fc1.weight", b) for b in range(5)]
+    assert ([m.shard_of_block("fc1.weight", b) for b in range(5)]
+            == [again.shard_of_block("fc1.weight", b) for b in range(5)])
 
 
 @pytest.mark.parametrize("raw", [b"{}", b'{"v": 2, "owners": [0]}', b'{"v": 1, "owners": "x"}', b"nope"])

@@ -197,7 +197,8 @@ def test_relative_imports_are_resolved_against_the_importing_package() -> None:
     assert package_of("schemas/keys.py") == package_of("schemas/__init__.py") == "streamtrain.schemas"
     assert package_of("streamtrain/cli.py") == "streamtrain"
     # Within a package, and down to a layer below, as the absolute forms would be.
-    assert violations("schemas/f.py", "from . import _json\nfrom ._check import Check\nfrom .keys import Topics\n") == []
+    assert violations("schemas/f.py",
+                      "from . import _json\nfrom ._check import Check\nfrom .keys import Topics\n") == []
     assert violations("trainer/g.py", "from ..jobstate import config\nfrom .. import schemas\n"
                                       "from ..jobstate.etcd import Etcd\nfrom .models import build_model\n") == []
     assert violations("streamtrain/console/h.py", "from .live import follow\nfrom .. import trainer\n"
@@ -282,3 +283,10 @@ def test_the_packages_lazy_names_come_from_parts_before_it() -> None:
         assert parts[0] == "streamtrain" and len(parts) > 1, (name, module)
         assert parts[1] in COMPONENTS or PART_RANK[parts[1]] < PART_RANK["__init__"], (name, module)
         assert hasattr(streamtrain, name), name
+
+
+def test_the_package_exports_its_lazy_names_and_its_version() -> None:
+    import streamtrain
+
+    assert streamtrain.__all__ == sorted([*streamtrain._EXPORTS, "__version__"])
+    assert isinstance(streamtrain.__version__, str) and streamtrain.__version__

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from streamtrain.params.optimizers import Adagrad, Adam
-from streamtrain.pserver.checkpoint_store import (MANIFEST, CheckpointError, CheckpointMismatchError, CheckpointStore, _restore,
-                                           _snapshot)
+from streamtrain.pserver.checkpoint_store import (MANIFEST, CheckpointError, CheckpointMismatchError, CheckpointStore,
+                                                  _restore, _snapshot)
 from streamtrain.pserver.state import ShardState
 from streamtrain.schemas import DenseSlice, GradientDelta, SparseRows, TaskRecord
 
@@ -20,7 +20,8 @@ def trained(steps: int = 3) -> ShardState:
     for seq in range(steps):
         ids = np.unique(rng.integers(0, 500, 64).astype(np.uint64))
         state.apply(GradientDelta(TaskRecord.make_id("in", 0, 0), seq, "t", 0, seq, 5,
-                                  sparse=(SparseRows("user", ids, rng.standard_normal((len(ids), 4)).astype(np.float32)),),
+                                  sparse=(SparseRows("user", ids,
+                                                     rng.standard_normal((len(ids), 4)).astype(np.float32)),),
                                   dense=(DenseSlice("fc", 0, 0, rng.standard_normal(6).astype(np.float32)),)))
     return state
 

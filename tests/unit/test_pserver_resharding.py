@@ -45,7 +45,8 @@ def every_row(states: dict[int, ShardState]) -> dict[int, tuple]:
     for state in states.values():
         table = state.tables["emb"]
         for i in range(table.size):
-            out[int(table.ids[i])] = (table.values[i].tolist(), table.steps[i], [v[i].tolist() for v in table.state.values()])
+            out[int(table.ids[i])] = (table.values[i].tolist(), table.steps[i],
+                                      [v[i].tolist() for v in table.state.values()])
     return out
 
 

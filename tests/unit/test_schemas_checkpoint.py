@@ -27,7 +27,8 @@ manifests = st.builds(
     files=st.lists(files, max_size=4, unique_by=lambda f: f.path).map(tuple),
     grad_offsets=st.dictionaries(topics, st.integers(0, 2**62), max_size=2),
     input_watermarks=st.dictionaries(
-        st.tuples(topics, st.integers(0, 2**31 - 1)).map(lambda tp: f"{tp[0]}:{tp[1]}"), st.integers(0, 2**62), max_size=4
+        st.tuples(topics, st.integers(0, 2**31 - 1)).map(lambda tp: f"{tp[0]}:{tp[1]}"), st.integers(0, 2**62),
+        max_size=4
     ),
     slots=st.lists(st.integers(0, 1023), unique=True, max_size=20).map(tuple),
 )
@@ -132,7 +133,8 @@ def test_invalid_manifest_values_raise_schema_error(path, value, field):
 
 @pytest.mark.parametrize(
     "key, field",
-    [("clicks", "input_watermarks"), ("clicks:01", "input_watermarks"), ("cl icks:0", "input_watermarks"), (":0", "input_watermarks")],
+    [("clicks", "input_watermarks"), ("clicks:01", "input_watermarks"), ("cl icks:0", "input_watermarks"),
+     (":0", "input_watermarks")],
 )
 def test_watermark_keys_must_be_topic_colon_partition(key, field):
     doc = small_doc()

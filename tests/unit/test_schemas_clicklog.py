@@ -40,7 +40,8 @@ def test_the_wire_forms_are_the_documented_ones() -> None:
 def test_records_written_before_the_types_moved_to_schemas_still_read() -> None:
     # What producers/clicklog.py and producers/joinstate.py wrote: ASCII-escaped, spaced JSON.
     old_imp = json.dumps({"v": 1, "id": "imp-1", "ts": 5, "sparse": {"user": [17], "ad": [3]}, "dense": [0.5]})
-    assert ImpressionRecord.from_json(old_imp.encode()) == ImpressionRecord("imp-1", 5, {"ad": (3,), "user": (17,)}, (0.5,))
+    assert ImpressionRecord.from_json(old_imp.encode()) == ImpressionRecord("imp-1", 5, {"ad": (3,), "user": (17,)},
+                                                                            (0.5,))
     old_waiting = json.dumps({"v": 1, "p": 1, "imp": json.loads(old_imp), "click_ts": None})
     assert JoinWaiting.from_json(old_waiting.encode()).impression.impression_id == "imp-1"
 

@@ -8,7 +8,8 @@ from streamtrain.schemas import SchemaError
 def test_schema_error_is_a_value_error_carrying_format_and_field():
     err = SchemaError("GradientDelta", "sparse[0].values", "NaN not allowed", 1)
     assert isinstance(err, ValueError)
-    assert (err.format, err.field, err.reason, err.version) == ("GradientDelta", "sparse[0].values", "NaN not allowed", 1)
+    assert (err.format, err.field, err.reason, err.version) == ("GradientDelta", "sparse[0].values", "NaN not allowed",
+                                                                1)
 
 
 def test_message_names_format_version_and_field():
@@ -25,5 +26,6 @@ def test_schema_error_survives_pickling_with_its_attributes():
 
 
 def test_public_surface_is_exactly_all():
-    public = {name for name, value in vars(schemas).items() if not name.startswith("_") and not isinstance(value, types.ModuleType)}
+    public = {name for name, value in vars(schemas).items()
+              if not name.startswith("_") and not isinstance(value, types.ModuleType)}
     assert public == set(schemas.__all__)

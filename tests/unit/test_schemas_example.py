@@ -69,7 +69,8 @@ def test_sparse_is_read_only_sorted_and_holds_tuples():
 
 def test_json_form_has_the_documented_keys():
     doc = json.loads(small().to_json())
-    assert doc == {"v": 1, "sparse": {"ad": [3], "user": [7, 2**64 - 1]}, "dense": [0.5, -2.0], "label": 1.0, "ts": 1_700_000_000_000}
+    assert doc == {"v": 1, "sparse": {"ad": [3], "user": [7, 2**64 - 1]}, "dense": [0.5, -2.0], "label": 1.0,
+                   "ts": 1_700_000_000_000}
 
 
 def test_binary_form_starts_with_magic_and_version():

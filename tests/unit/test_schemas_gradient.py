@@ -68,7 +68,8 @@ def small(dtype="float32", marker=1234.0) -> GradientDelta:
         examples=64,
         dtype=dtype,
         dense=(DenseSlice("fc.weight", 3, 16, np.array([0.5, marker], dtype=np.float32), base=41),),
-        sparse=(SparseRows("emb", np.array([5, 9], dtype=np.uint64), np.array([[1.0, 2.0], [3.0, marker]], dtype=np.float32)),),
+        sparse=(SparseRows("emb", np.array([5, 9], dtype=np.uint64),
+                           np.array([[1.0, 2.0], [3.0, marker]], dtype=np.float32)),),
     )
 
 

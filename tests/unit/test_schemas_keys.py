@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.crc import key_slot
 
-from streamtrain.schemas import (CONTROLS, TASK_STATES, EtcdKeys, RedisKeys, SchemaError, Topics, partition_label, partition_of,
-                                 validate_job_name)
+from streamtrain.schemas import (CONTROLS, TASK_STATES, EtcdKeys, RedisKeys, SchemaError, Topics, partition_label,
+                                 partition_of, validate_job_name)
 
 FAST = settings(max_examples=80, deadline=None)
 job_names = st.from_regex(r"[A-Za-z0-9._-]{1,100}", fullmatch=True).filter(lambda s: s not in (".", ".."))
@@ -43,7 +43,8 @@ def test_etcd_keys_follow_the_design_layout():
 def test_every_task_state_has_its_own_prefix():
     keys = EtcdKeys("ctr")
     prefixes = [keys.tasks(state) for state in TASK_STATES]
-    assert TASK_STATES == ("todo", "pending", "done", "failed") and CONTROLS == ("pause", "checkpoint", "rollback", "resize")
+    assert TASK_STATES == ("todo", "pending", "done", "failed")
+    assert CONTROLS == ("pause", "checkpoint", "rollback", "resize")
     assert all(not a.startswith(b) for a in prefixes for b in prefixes if a != b)
 
 
@@ -97,7 +98,8 @@ def test_rows_accepts_signed_ids_and_refuses_negative_ones():
 
 def test_topics_follow_the_design_layout():
     topics = Topics("ctr")
-    assert (topics.examples, topics.grad(0), topics.dlq, topics.metrics) == ("ctr.examples", "ctr.grad.0", "ctr.dlq", "ctr.metrics")
+    assert (topics.examples, topics.grad(0), topics.dlq, topics.metrics) == ("ctr.examples", "ctr.grad.0", "ctr.dlq",
+                                                                             "ctr.metrics")
 
 
 @FAST

@@ -42,7 +42,8 @@ def test_json_and_binary_decoders_round_trip_and_name_what_is_wrong() -> None:
 
 
 def test_csv_decoder_follows_the_declared_columns() -> None:
-    decode = make_decoder(config(format='"csv"', csv_columns='["y:label", "user:sparse", "os:sparse", "price:dense", "ts:time"]').input)
+    decode = make_decoder(config(format='"csv"',
+                                 csv_columns='["y:label", "user:sparse", "os:sparse", "price:dense", "ts:time"]').input)
     example = decode(b"1,42|43,ios,2.5,99\n")
     assert example.label == 1.0 and example.dense == (2.5,) and example.event_time_ms == 99
     assert example.sparse["user"] == (42, 43) and len(example.sparse["os"]) == 1
@@ -173,7 +174,8 @@ def test_auc_matches_the_pairwise_definition_with_ties() -> None:
     labels = rng.integers(0, 2, 300)
     scores = rng.integers(0, 10, 300).astype(float)  # many ties
     pos, neg = scores[labels == 1], scores[labels == 0]
-    pairwise = ((pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()) / (len(pos) * len(neg))
+    pairwise = (((pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum())
+                / (len(pos) * len(neg)))
     assert auc(labels, scores) == pytest.approx(pairwise)
     assert auc(np.ones(3), np.arange(3)) is None
 
@@ -363,7 +365,8 @@ def test_every_process_builds_the_same_initial_dense_values_without_touching_the
     from streamtrain.trainer.models import build_model
 
     job = JobConfig.from_toml('[job]\nname = "j"\n[input]\ntopics = ["t"]\n[model]\n'
-                              'factory = "streamtrain.trainer.models:WideDeep"\nsparse_fields = ["a", "b"]\ndense_features = 2')
+                              'factory = "streamtrain.trainer.models:WideDeep"\nsparse_fields = ["a", "b"]\n'
+                              'dense_features = 2')
     torch.manual_seed(123)
     before = torch.rand(1)
     torch.manual_seed(123)
@@ -440,11 +443,13 @@ def test_dense_blocks_span_parameters_end_to_end() -> None:
     assert torch.allclose(weight[BLOCK:], initial["deep.0.weight"].reshape(-1)[BLOCK:] + 1)
     assert all(torch.allclose(p, initial[n] + 1) for n, p in model.named_parameters() if n != "deep.0.weight")
     layout.add({(layout.name, 0): np.full(BLOCK, 2, dtype=np.float32)})
-    assert torch.allclose(model.deep[0].weight.detach().reshape(-1)[:BLOCK], initial["deep.0.weight"].reshape(-1)[:BLOCK] + 2)
+    assert torch.allclose(model.deep[0].weight.detach().reshape(-1)[:BLOCK],
+                          initial["deep.0.weight"].reshape(-1)[:BLOCK] + 2)
     for name, p in model.named_parameters():
         p.grad = torch.full_like(p, float(names.index(name)))
     grads = layout.gradients()
-    assert [(param, block, len(values)) for param, block, values in grads] == [(layout.name, 0, BLOCK), (layout.name, 1, 6529 - BLOCK)]
+    assert [(param, block, len(values)) for param, block, values in grads] == [(layout.name, 0, BLOCK),
+                                                                               (layout.name, 1, 6529 - BLOCK)]
     together = np.concatenate([values for _, _, values in grads])
     assert np.array_equal(together, np.concatenate([np.full(p.numel(), names.index(n), np.float32)
                                                     for n, p in model.named_parameters()]))
