@@ -61,14 +61,14 @@ from streamtrain.infra import Endpoints, LocalServices, Ports
 from streamtrain.infra.clients import redis_client
 from streamtrain.infra.cpus import available
 from streamtrain.infra.etcd_server import is_leader
-from streamtrain.params.redisnodes import ShardNodes
-from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.errors import EtcdError
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.local import COMMAND, trainer_args
-from streamtrain.schemas import AppliedSteps, EtcdKeys, JobState, RedisKeys, ShardStats, partition_label
+from streamtrain.params.redisnodes import ShardNodes
 from streamtrain.runtime.supervisor import Supervisor, pid_alive
+from streamtrain.schemas import AppliedSteps, EtcdKeys, JobState, RedisKeys, ShardStats, partition_label
+from streamtrain.schemas.config import JobConfig
 from streamtrain.trainer.scoring import Scorer
 
 PROCESS_FAULTS = ("trainer", "loader", "shard", "master", "freeze")

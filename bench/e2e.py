@@ -57,12 +57,12 @@ from bench.trainer_throughput import cpu_seconds, write_topic
 from streamtrain.infra import Endpoints, LocalServices, Ports
 from streamtrain.infra.clients import TopicSpec, ensure_topics, redis_client
 from streamtrain.infra.cpus import available
-from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.sharding import SlotMap, mix64, name_salt
 from streamtrain.local import trainer_args
 from streamtrain.producers.clickmodel import ClickModel, ClickModelConfig, ImpressionColumns, auc
 from streamtrain.schemas import EtcdKeys, Example, RedisKeys, ShardStats
+from streamtrain.schemas.config import JobConfig
 from streamtrain.trainer.features import Featurizer
 from streamtrain.trainer.models import build_model, model_spec
 from streamtrain.trainer.params import RowLayout

@@ -26,12 +26,12 @@ from confluent_kafka import Producer
 
 from streamtrain.infra import Endpoints, LocalServices, Ports
 from streamtrain.infra.clients import TopicSpec, ensure_topics
-from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.etcd import Etcd, absent, put_op
-from streamtrain.jobstate.tasks import TaskClient
 from streamtrain.jobstate.offsets import InputOffsets
+from streamtrain.jobstate.tasks import TaskClient
 from streamtrain.master.service import Master
 from streamtrain.schemas import EtcdKeys
+from streamtrain.schemas.config import JobConfig
 
 
 def plain_txn_rate(endpoints: Endpoints, n: int, threads: int) -> float:

@@ -16,9 +16,9 @@ import numpy as np
 import redis
 
 from bench.redis_for_bench import redis_url
+from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.params.optimizers import SGD
 from streamtrain.params.paramstore import ParamClient
-from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.pserver.redis_rounds import Publisher
 from streamtrain.pserver.state import Changes, ShardState
 from streamtrain.schemas import RedisKeys

@@ -34,8 +34,8 @@ from bench.redis_for_bench import redis_url
 from streamtrain.params.optimizers import Adagrad
 from streamtrain.params.rows import row_view
 from streamtrain.pserver.dedup import Dedup
-from streamtrain.pserver.redis_rounds import Publisher
 from streamtrain.pserver.publish_thread import BackgroundPublisher
+from streamtrain.pserver.redis_rounds import Publisher
 from streamtrain.pserver.state import Changes, ShardState
 from streamtrain.schemas import GradientDelta, SparseRows, TaskRecord
 

@@ -38,10 +38,10 @@ from confluent_kafka import Producer
 
 from streamtrain.infra import Endpoints, LocalServices, Ports
 from streamtrain.infra.clients import TopicSpec, ensure_topics
-from streamtrain.schemas.config import JobConfig, TasksSection
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.producers.clickmodel import ClickModel
 from streamtrain.schemas import EtcdKeys, Example
+from streamtrain.schemas.config import JobConfig, TasksSection
 from streamtrain.trainer.local import LocalTrainer
 from streamtrain.trainer.worker import Trainer
 

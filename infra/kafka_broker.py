@@ -22,8 +22,8 @@ import socket
 import subprocess
 import uuid
 from importlib.resources import files
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from streamtrain.infra.clients import replication
 from streamtrain.infra.errors import ServiceStartError

@@ -40,10 +40,27 @@ from dataclasses import replace
 from typing import Any
 
 from streamtrain.jobstate import queue
-from streamtrain.jobstate.etcd import (MAX_TXN_OPS, Compare, Entry, Etcd, Op, absent, delete_op, delete_prefix_op,
-                                      put_op, value_is)
-from streamtrain.schemas import (CheckpointRequest, EtcdKeys, JobRecord, KeptDocument, LatestCheckpoint, SchemaError,
-                                 TaskRecord)
+from streamtrain.jobstate.etcd import (
+    MAX_TXN_OPS,
+    Compare,
+    Entry,
+    Etcd,
+    Op,
+    absent,
+    delete_op,
+    delete_prefix_op,
+    put_op,
+    value_is,
+)
+from streamtrain.schemas import (
+    CheckpointRequest,
+    EtcdKeys,
+    JobRecord,
+    KeptDocument,
+    LatestCheckpoint,
+    SchemaError,
+    TaskRecord,
+)
 from streamtrain.schemas.keys import TaskState
 
 log = logging.getLogger(__name__)

@@ -15,11 +15,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.errors import CoordinationError, NoFreeIndexError
 from streamtrain.jobstate.etcd import Etcd, Lease, absent, put_op
 from streamtrain.jobstate.predecessors import remove_if_gone, this_holder
 from streamtrain.schemas import EtcdKeys, Holder
+from streamtrain.schemas.config import JobConfig
 
 
 def read_job_config(etcd: Etcd, job: str) -> JobConfig:

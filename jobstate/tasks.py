@@ -14,8 +14,17 @@ from dataclasses import dataclass, replace
 
 from streamtrain.jobstate import queue
 from streamtrain.jobstate.errors import TaskLostError
-from streamtrain.jobstate.etcd import (MAX_TXN_OPS, Entry, Etcd, delete_op, mod_revision_is, nested_succeeded, put_op,
-                                       txn_op, value_is)
+from streamtrain.jobstate.etcd import (
+    MAX_TXN_OPS,
+    Entry,
+    Etcd,
+    delete_op,
+    mod_revision_is,
+    nested_succeeded,
+    put_op,
+    txn_op,
+    value_is,
+)
 from streamtrain.schemas import EtcdKeys, PartitionCursor, SchemaError, TaskRecord
 
 # Trainers pick at random among the first todo tasks in claim order they last listed, so that

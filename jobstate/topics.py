@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from streamtrain.infra import Endpoints
 from streamtrain.infra.clients import TopicSpec, ensure_topics
-from streamtrain.schemas.config import JobConfig
 from streamtrain.schemas import Topics
+from streamtrain.schemas.config import JobConfig
 
 # Gradient topics must keep everything since the oldest kept checkpoint; a week leaves room
 # for a shard that cannot checkpoint for days (its storage down) without losing updates.

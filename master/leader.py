@@ -17,8 +17,17 @@ import threading
 from pyetcd import transactions as tx
 
 from streamtrain.jobstate.errors import EtcdError, NotLeaderError
-from streamtrain.jobstate.etcd import (Compare, Etcd, Lease, Op, absent, create_revision_is, nested_succeeded, put_op,
-                                       txn_op)
+from streamtrain.jobstate.etcd import (
+    Compare,
+    Etcd,
+    Lease,
+    Op,
+    absent,
+    create_revision_is,
+    nested_succeeded,
+    put_op,
+    txn_op,
+)
 from streamtrain.jobstate.predecessors import remove_if_gone
 
 log = logging.getLogger(__name__)

@@ -20,20 +20,28 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
+from streamtrain.infra.metrics import MasterMetrics
 from streamtrain.jobstate import queue
-from streamtrain.jobstate.job_checkpoints import restore_batches
-from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.errors import EtcdError, LayoutChangedError
 from streamtrain.jobstate.etcd import MAX_TXN_OPS, Entry, Etcd, Op, absent, delete_op, mod_revision_is, put_op
-from streamtrain.infra.metrics import MasterMetrics
+from streamtrain.jobstate.job_checkpoints import restore_batches
 from streamtrain.jobstate.offsets import InputOffsets, InputUnavailableError, Partition
 from streamtrain.jobstate.predecessors import this_holder
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.master import plan
 from streamtrain.master.checkpoint_schedule import PeriodicCheckpoints
 from streamtrain.master.leader import LeaderLock
-from streamtrain.schemas import (ROLLBACK_PAUSE, EtcdKeys, JobState, PartitionCursor, PauseRequest, RollbackRequest,
-                                 SchemaError, TaskRecord)
+from streamtrain.schemas import (
+    ROLLBACK_PAUSE,
+    EtcdKeys,
+    JobState,
+    PartitionCursor,
+    PauseRequest,
+    RollbackRequest,
+    SchemaError,
+    TaskRecord,
+)
+from streamtrain.schemas.config import JobConfig
 
 log = logging.getLogger(__name__)
 

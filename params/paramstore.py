@@ -28,12 +28,20 @@ from dataclasses import dataclass, field
 import numpy as np
 import redis
 
+from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.params import resp
 from streamtrain.params.redisnodes import Client, ShardNodes, moved
 from streamtrain.params.rows import initial_rows, row_view
-from streamtrain.jobstate.sharding import SlotMap
-from streamtrain.schemas import (AppliedSteps, FlushMark, ParamBlock, PublishedRound, RedisKeys, SchemaError,
-                                StreamtrainError, decode_rows)
+from streamtrain.schemas import (
+    AppliedSteps,
+    FlushMark,
+    ParamBlock,
+    PublishedRound,
+    RedisKeys,
+    SchemaError,
+    StreamtrainError,
+    decode_rows,
+)
 
 # Rounds kept in a shard's stream (approximately: trimmed a node at a time). A trainer that
 # falls further behind than this drops the shard's rows and reads them again (trainer/replica.py).

@@ -12,8 +12,8 @@ import functools
 
 import numpy as np
 
-from streamtrain.params.optimizers import UpdateRule, clock_of, in_place
 from streamtrain.jobstate.sharding import mix64, name_salt
+from streamtrain.params.optimizers import UpdateRule, clock_of, in_place
 
 _EMPTY = np.uint64(0)  # slot marker in `_keys`; real ids are stored as id + 1 (see _slot_key)
 

@@ -26,8 +26,16 @@ from streamtrain.params.optimizers import UpdateRule
 from streamtrain.params.rows import RowTable
 from streamtrain.pserver.dedup import Dedup
 from streamtrain.pserver.state import DenseBlock, ShardState
-from streamtrain.schemas import (CheckpointManifest, ExampleCounts, FileEntry, SavedBlock, SavedTable, SchemaError,
-                                 StateIndex, StreamtrainError)
+from streamtrain.schemas import (
+    CheckpointManifest,
+    ExampleCounts,
+    FileEntry,
+    SavedBlock,
+    SavedTable,
+    SchemaError,
+    StateIndex,
+    StreamtrainError,
+)
 
 MANIFEST = "MANIFEST.json"
 

@@ -8,13 +8,13 @@ import logging
 import time
 from typing import Literal, Protocol
 
-from streamtrain.jobstate.job_checkpoints import new_checkpoint_id
 from streamtrain.jobstate.errors import CoordinationError
 from streamtrain.jobstate.etcd import Etcd
+from streamtrain.jobstate.job_checkpoints import new_checkpoint_id
 from streamtrain.jobstate.sharding import SlotMap
+from streamtrain.pserver.checkpoint_registry import CheckpointKeeper
 from streamtrain.pserver.checkpoint_store import CheckpointStore
 from streamtrain.pserver.decisions import rolled_back_id
-from streamtrain.pserver.checkpoint_registry import CheckpointKeeper
 from streamtrain.pserver.state import ShardState
 from streamtrain.schemas import CheckpointRequest, EtcdKeys, RollbackAck, RollbackRequest, SchemaError
 

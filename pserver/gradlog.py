@@ -16,11 +16,11 @@ from typing import TypeVar
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from streamtrain.infra import Endpoints
-from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.offsets import Bounds, InputOffsets, InputUnavailableError
 from streamtrain.jobstate.topics import dlq_spec, ensure_job_topics, grad_spec
 from streamtrain.pserver.state import BadDeltaError
 from streamtrain.schemas import DeadLetter, GradientDelta, SchemaError, Topics
+from streamtrain.schemas.config import JobConfig
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,15 @@ from streamtrain.params.paramstore import ROUNDS_FIELD, ROUNDS_KEPT, flush_mark,
 from streamtrain.params.redisnodes import Client, ShardNodes, moved
 from streamtrain.params.rows import distinct
 from streamtrain.pserver.state import Changes, DenseBlock, ShardState
-from streamtrain.schemas import (AppliedSteps, FlushMark, ParamBlock, PublishedRound, RedisKeys, RoundRows,
-                                encode_rows_matrix)
+from streamtrain.schemas import (
+    AppliedSteps,
+    FlushMark,
+    ParamBlock,
+    PublishedRound,
+    RedisKeys,
+    RoundRows,
+    encode_rows_matrix,
+)
 
 _CHUNK = 8192  # keys per MSET: large enough to amortise, small enough not to stall Redis
 # How often the row keys are brought up to date. Longer writes fewer keys (a hot row once per

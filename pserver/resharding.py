@@ -20,8 +20,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from streamtrain.params.rows import RowTable
 from streamtrain.jobstate.sharding import SlotMap
+from streamtrain.params.rows import RowTable
 from streamtrain.pserver.dedup import Dedup
 from streamtrain.pserver.state import DenseBlock, ShardState
 from streamtrain.schemas import StreamtrainError

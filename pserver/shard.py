@@ -35,24 +35,32 @@ import redis
 
 from streamtrain.infra import Endpoints
 from streamtrain.infra.clients import redis_client
-from streamtrain.schemas.config import JobConfig
-from streamtrain.jobstate.errors import EtcdError, CoordinationError
+from streamtrain.infra.metrics import PserverMetrics
+from streamtrain.jobstate.errors import CoordinationError, EtcdError
 from streamtrain.jobstate.etcd import Etcd, Lease
 from streamtrain.jobstate.membership import register_pserver, wait_for_job_config
-from streamtrain.infra.metrics import PserverMetrics
-from streamtrain.params.optimizers import make_rule
 from streamtrain.jobstate.sharding import SlotMap
+from streamtrain.params.optimizers import make_rule
 from streamtrain.pserver.barrier import StepBarrier
-from streamtrain.pserver.decisions import Schedule, fold_ready
-from streamtrain.pserver.control_requests import ShardController
-from streamtrain.pserver.gradlog import GradientLog
 from streamtrain.pserver.checkpoint_registry import CheckpointKeeper
-from streamtrain.pserver.redis_rounds import Publisher
+from streamtrain.pserver.control_requests import ShardController
+from streamtrain.pserver.decisions import Schedule, fold_ready
+from streamtrain.pserver.gradlog import GradientLog
 from streamtrain.pserver.publish_thread import BackgroundPublisher
+from streamtrain.pserver.redis_rounds import Publisher
 from streamtrain.pserver.state import BadDeltaError, ShardState
 from streamtrain.pserver.storage import ShardStorage
-from streamtrain.schemas import (BarrierStats, BarrierSteps, EtcdKeys, GradientDelta, PartitionCursor, RedisKeys,
-                                 ShardStats, StreamtrainError)
+from streamtrain.schemas import (
+    BarrierStats,
+    BarrierSteps,
+    EtcdKeys,
+    GradientDelta,
+    PartitionCursor,
+    RedisKeys,
+    ShardStats,
+    StreamtrainError,
+)
+from streamtrain.schemas.config import JobConfig
 
 log = logging.getLogger(__name__)
 UNPUBLISH_BATCH = 1000  # keys per SCAN page and per UNLINK when a shard that left deletes its keys

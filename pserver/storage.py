@@ -11,9 +11,9 @@ say, or a gradient log that counts what it hands on.
 from __future__ import annotations
 
 from streamtrain.infra import Endpoints
-from streamtrain.schemas.config import JobConfig
 from streamtrain.pserver.checkpoint_store import CheckpointStore
 from streamtrain.pserver.gradlog import GradientLog
+from streamtrain.schemas.config import JobConfig
 
 
 class ShardStorage:

@@ -14,8 +14,16 @@ Byte-by-byte layouts: docs/schemas.md.
 
 from .checkpoint import CheckpointManifest, FileEntry
 from .clicklog import ClickRecord, ImpressionRecord, JoinWaiting
-from .control import (ROLLBACK_PAUSE, CheckpointRequest, LatestCheckpoint, PauseRequest, ResizeRecord, RollbackAck,
-                      RollbackRequest, ShardCheckpoint)
+from .control import (
+                      ROLLBACK_PAUSE,
+                      CheckpointRequest,
+                      LatestCheckpoint,
+                      PauseRequest,
+                      ResizeRecord,
+                      RollbackAck,
+                      RollbackRequest,
+                      ShardCheckpoint,
+)
 from .cursor import PartitionCursor
 from .deadletter import DeadLetter
 from .errors import SchemaError, StreamtrainError
@@ -26,8 +34,16 @@ from .keys import CONTROLS, TASK_STATES, EtcdKeys, RedisKeys, Topics, partition_
 from .params import ParamBlock, decode_rows, encode_rows, encode_rows_matrix
 from .report import TaskReport
 from .rounds import FlushMark, PublishedRound, RoundRows
-from .saved import (ExampleCounts, JobRecord, KeptDocument, LedgerEntry, LedgerSnapshot, SavedBlock, SavedTable,
-                    StateIndex)
+from .saved import (
+                      ExampleCounts,
+                      JobRecord,
+                      KeptDocument,
+                      LedgerEntry,
+                      LedgerSnapshot,
+                      SavedBlock,
+                      SavedTable,
+                      StateIndex,
+)
 from .services import ServicePorts
 from .task import TaskId, TaskRecord
 

@@ -22,9 +22,19 @@ from pathlib import Path
 from typing import Any
 
 from streamtrain.schemas.config_rules import _JSON_VERSION, CsvColumn, JobConfigError, _fix, _show
-from streamtrain.schemas.config_sections import (_KEYS, _SECTIONS, InputSection, JobSection, KafkaSection,
-                                                  MasterSection, ModelSection, PserversSection, SgdMode,
-                                                  TasksSection, TrainSection)
+from streamtrain.schemas.config_sections import (
+    _KEYS,
+    _SECTIONS,
+    InputSection,
+    JobSection,
+    KafkaSection,
+    MasterSection,
+    ModelSection,
+    PserversSection,
+    SgdMode,
+    TasksSection,
+    TrainSection,
+)
 from streamtrain.schemas.fields import DeclaredFields
 
 __all__ = [

@@ -6,9 +6,26 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from enum import StrEnum
 
-from streamtrain.schemas.config_rules import (_JOB, _REGISTERED, _URI, _URL, CsvColumn, JobConfigError, _bool, _choice,
-                                               _csv_columns, _fix, _int, _positive, _push_every, _ref, _show, _topics)
+from streamtrain.schemas.config_rules import (
+    _JOB,
+    _REGISTERED,
+    _URI,
+    _URL,
+    CsvColumn,
+    JobConfigError,
+    _bool,
+    _choice,
+    _csv_columns,
+    _fix,
+    _int,
+    _positive,
+    _push_every,
+    _ref,
+    _show,
+    _topics,
+)
 from streamtrain.schemas.fields import DeclaredFields, FieldsError, parse_fields
+
 
 @dataclass(frozen=True)
 class JobSection:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from streamtrain.monitor import Snapshot
     from streamtrain.operations.checkpoints import Checkpoint, CheckpointError
     from streamtrain.operations.predict import Predictor
-    from streamtrain.operations.resizing import ResizeError, Resized
+    from streamtrain.operations.resizing import Resized, ResizeError
     from streamtrain.schemas import StreamtrainError
     from streamtrain.schemas.config import JobConfig, JobConfigError
 

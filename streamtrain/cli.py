@@ -205,7 +205,7 @@ def master_cmd(
 ) -> None:
     """Run the job's master: waits as standby until it holds the lock, then slices and
     dispatches. Exits 3 when it loses the lock (a supervisor restarts it as a standby)."""
-    from streamtrain.jobstate.errors import LayoutChangedError, CoordinationError, NotLeaderError
+    from streamtrain.jobstate.errors import CoordinationError, LayoutChangedError, NotLeaderError
     from streamtrain.jobstate.etcd import Etcd
     from streamtrain.jobstate.offsets import InputOffsets
     from streamtrain.master.service import Master
@@ -436,8 +436,8 @@ def checkpoint_cmd(
 ) -> None:
     """Checkpoint every pserver shard of a running job now; once all have registered it, record
     it as checkpoints/latest and print its id. Exits 1 naming the shards that did not answer."""
-    from streamtrain.operations.checkpoints import CheckpointError, request_checkpoint
     from streamtrain.jobstate.etcd import Etcd
+    from streamtrain.operations.checkpoints import CheckpointError, request_checkpoint
 
     etcd = Etcd.connect(Endpoints.resolve())
     try:
@@ -459,8 +459,8 @@ def rollback_cmd(
 ) -> None:
     """Return the whole job to a checkpoint: shards load it and skip the gradients since, the
     master requeues the tasks trained since, trainers train them again."""
-    from streamtrain.operations.checkpoints import CheckpointError, rollback
     from streamtrain.jobstate.etcd import Etcd
+    from streamtrain.operations.checkpoints import CheckpointError, rollback
     from streamtrain.schemas import EtcdKeys, LatestCheckpoint
 
     name = _job_name(job)
@@ -489,10 +489,10 @@ def resize_cmd(
     """Move a running job to N parameter-server shards: checkpoint, move the fewest slots with
     their rows and optimizer state, roll back to the moved copy; trainers pause meanwhile. A
     shard that joins must be started (`pserver --job JOB --index i`); one that leaves stops."""
-    from streamtrain.operations.checkpoints import CheckpointError
     from streamtrain.jobstate.etcd import Etcd
-    from streamtrain.pserver.storage import ShardStorage
+    from streamtrain.operations.checkpoints import CheckpointError
     from streamtrain.operations.resizing import ResizeError, resize
+    from streamtrain.pserver.storage import ShardStorage
 
     name = _job_name(job)
     endpoints = Endpoints.resolve()
@@ -575,9 +575,8 @@ def job_run_cmd(
     processes under a restarting supervisor, with a status line every few seconds, until
     Ctrl-C/SIGTERM. The services and input topics must already exist (`streamtrain up`)."""
     from streamtrain.console.jobrun import run_job
-    from streamtrain.local import LocalJob
-
     from streamtrain.jobstate.errors import LayoutChangedError
+    from streamtrain.local import LocalJob
 
     config = _load_config(job)
     try:
@@ -593,6 +592,7 @@ def job_run_cmd(
 
 
 from streamtrain.producers.cli import join_cmd, produce_app  # noqa: E402  (registered last: optional heavy imports stay lazy)
+
 app.add_typer(produce_app, name="produce")
 app.command("join")(join_cmd)
 

@@ -36,11 +36,11 @@ from typing import TYPE_CHECKING
 from streamtrain.infra import Endpoints, InfraError
 from streamtrain.infra.cpus import available, share
 from streamtrain.infra.endpoints import state_home
-from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.errors import EtcdError
-from streamtrain.schemas import StreamtrainError
 from streamtrain.runtime.command import Command
 from streamtrain.runtime.supervisor import Supervisor, pid_alive
+from streamtrain.schemas import StreamtrainError
+from streamtrain.schemas.config import JobConfig
 
 if TYPE_CHECKING:
     from streamtrain.jobstate.etcd import Etcd
@@ -148,8 +148,8 @@ class LocalJob:
         slot map's shard count (`config.pservers.count` becomes it)."""
         from streamtrain.jobstate.etcd import Etcd
         from streamtrain.jobstate.topics import ensure_job_topics, metrics_spec
-        from streamtrain.monitor import JobMonitor
         from streamtrain.master.service import read_slot_map, resized_note, settled_config
+        from streamtrain.monitor import JobMonitor
 
         if self.supervisor is not None:
             raise LocalJobError(f"LocalJob {self.name!r} already started")
@@ -339,8 +339,8 @@ class LocalJob:
     def resize(self, shards: int, wait_s: float = 300.0) -> Resized:
         """Move the job to `shards` parameter-server shards while it trains (`streamtrain
         resize`); the shards that join are started, the ones that leave stop."""
-        from streamtrain.pserver.storage import ShardStorage
         from streamtrain.operations.resizing import resize
+        from streamtrain.pserver.storage import ShardStorage
 
         done = resize(self._running_monitor().etcd, ShardStorage(self.endpoints), self.name, shards, wait_s)
         self.note(f"resized from {done.shards_before} to {done.shards} shards: {done.moved_slots} slots moved "

@@ -19,16 +19,16 @@ import torch
 
 from streamtrain.infra import Endpoints
 from streamtrain.infra.clients import redis_client
-from streamtrain.schemas.config import JobConfig
+from streamtrain.infra.metrics import TrainerMetrics
 from streamtrain.jobstate.errors import CoordinationError
 from streamtrain.jobstate.etcd import Etcd
-from streamtrain.infra.metrics import TrainerMetrics
-from streamtrain.params.optimizers import make_rule
-from streamtrain.params.paramstore import ParamClient
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.jobstate.tasks import TaskClient
+from streamtrain.params.optimizers import make_rule
+from streamtrain.params.paramstore import ParamClient
 from streamtrain.params.watches import AppliedWatch
 from streamtrain.schemas import EtcdKeys, Topics
+from streamtrain.schemas.config import JobConfig
 from streamtrain.trainer.broker import Broker
 from streamtrain.trainer.committer import Committer, Ended
 from streamtrain.trainer.delivery import Delivery

@@ -10,8 +10,8 @@ something else in the broker's place: a test's producer that fails a commit, say
 from __future__ import annotations
 
 from streamtrain.infra import Endpoints
-from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.topics import dlq_spec, ensure_job_topics, grad_spec, metrics_spec
+from streamtrain.schemas.config import JobConfig
 from streamtrain.trainer.delivery import Delivery
 from streamtrain.trainer.loader import LoaderSpec, RecordLoader
 

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.offsets import Bounds
+from streamtrain.schemas.config import JobConfig
 from streamtrain.trainer.decoders import ChunkDecoder, DecodeError, make_decoder
 from streamtrain.trainer.models import model_spec
 

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pv
 
-from streamtrain.schemas.config import CsvColumn
 from streamtrain.schemas import Example
+from streamtrain.schemas.config import CsvColumn
 from streamtrain.trainer.features import Columns
 
 

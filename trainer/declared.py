@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from streamtrain.schemas.fields import DeclaredFields, LabelRule
 from streamtrain.schemas import Example
+from streamtrain.schemas.fields import DeclaredFields, LabelRule
 from streamtrain.trainer.features import Columns
 
 _MISSING = object()

@@ -35,12 +35,12 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from streamtrain.infra.endpoints import Endpoints
-from streamtrain.schemas.config import InputSection, JobConfigError
 from streamtrain.schemas import Example, SchemaError, StreamtrainError
-from streamtrain.trainer.registered import DeclaredAvro, DeclaredProtobuf, Fetch, registry_fetch
+from streamtrain.schemas.config import InputSection, JobConfigError
 from streamtrain.trainer.csvinput import CsvChunks, CsvDecoder
-from streamtrain.trainer.declared import DeclaredJson, DeclaredFast, object_lines
+from streamtrain.trainer.declared import DeclaredFast, DeclaredJson, object_lines
 from streamtrain.trainer.features import Columns
+from streamtrain.trainer.registered import DeclaredAvro, DeclaredProtobuf, Fetch, registry_fetch
 
 Decoder = Callable[[bytes], Example]
 

@@ -20,7 +20,6 @@ import numpy as np
 from streamtrain.jobstate.sharding import mix64, name_salt
 from streamtrain.schemas import Example
 
-
 _SPARSE, _DENSE, _LABEL, _TIME = (attrgetter(a) for a in ("sparse", "dense", "label", "event_time_ms"))
 
 

@@ -14,9 +14,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from streamtrain.schemas.config import JobConfig
 from streamtrain.infra.metrics import TrainerMetrics
 from streamtrain.jobstate.sharding import SlotMap
+from streamtrain.schemas.config import JobConfig
 from streamtrain.trainer.features import Batch, pool
 from streamtrain.trainer.metrics import TaskMetrics
 from streamtrain.trainer.own import OwnPushes, OwnRows, RowChange

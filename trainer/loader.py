@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from streamtrain.infra import Endpoints
-from streamtrain.schemas.config import InputSection
 from streamtrain.schemas import StreamtrainError
+from streamtrain.schemas.config import InputSection
 from streamtrain.trainer.decoders import ChunkDecoder
 from streamtrain.trainer.features import Batch, Featurizer
 from streamtrain.trainer.reader import RangeReader

@@ -18,14 +18,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from streamtrain.schemas.config import JobConfig
 from streamtrain.params.averages import average_step
 from streamtrain.params.rows import initial_rows
 from streamtrain.schemas import Example
+from streamtrain.schemas.config import JobConfig
 from streamtrain.trainer.decoders import ChunkDecoder
 from streamtrain.trainer.features import Batch, Featurizer, MiniBatches, pool
-from streamtrain.trainer.params import INIT_SCALE, DenseLayout, RowLayout
 from streamtrain.trainer.models import build_model, model_spec, use_torch_threads
+from streamtrain.trainer.params import INIT_SCALE, DenseLayout, RowLayout
 
 _OPTIMIZERS = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
 _SPARSE = {"adam": torch.optim.SparseAdam}  # where torch's rule takes no sparse gradients

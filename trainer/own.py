@@ -8,7 +8,8 @@ asynchronous trainer diverge from the sequential loop, a deep model under Adam t
 an estimate of what the push will change in each dense block, and adds the pushes a pull does
 not include yet to what the pull returns. Which pushes those are, the shards say: each publish
 round writes the newest step of every trainer its values include (`RedisKeys.applied`), read
-in the same transaction as the values. The trainer also uses them to bound its pushes in flight (trainer/steps.py `InFlight`).
+in the same transaction as the values. The trainer also uses them to bound its pushes in
+flight (trainer/steps.py `InFlight`).
 
 The estimate runs the job's own update rule on the push's gradients, with a local copy of the
 rule's state per block advanced by this trainer's gradients only, so Adam's moments are of the

@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.params.paramstore import ParamClient, ParamsUnavailableError, PendingPull, Pull
 from streamtrain.params.rows import row_view
-from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.schemas import DenseSlice, GradientDelta, SparseRows
 from streamtrain.trainer.own import OwnPushes
 from streamtrain.trainer.replica import RowReplica

@@ -46,8 +46,8 @@ from google.protobuf.message import DecodeError as ProtobufDecodeError
 from google.protobuf.message import Message
 
 from streamtrain.infra.schema_registry import RegisteredSchema, fetch_schema
-from streamtrain.schemas.fields import DeclaredFields
 from streamtrain.schemas import Example
+from streamtrain.schemas.fields import DeclaredFields
 from streamtrain.trainer.declared import DeclaredRecord
 
 WIRE_MAGIC = 0

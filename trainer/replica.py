@@ -29,9 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from streamtrain.params.paramstore import Round
-from streamtrain.schemas import FlushMark
 from streamtrain.params.rows import IdIndex, row_view
-from streamtrain.schemas import PublishedRound
+from streamtrain.schemas import FlushMark, PublishedRound
 
 START = b"0-0"  # a stream position before every entry
 

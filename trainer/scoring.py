@@ -10,13 +10,13 @@ import numpy as np
 import redis
 import torch
 
-from streamtrain.schemas.config import JobConfig
-from streamtrain.params.paramstore import ParamClient
 from streamtrain.jobstate.sharding import SlotMap
+from streamtrain.params.paramstore import ParamClient
 from streamtrain.schemas import Example
+from streamtrain.schemas.config import JobConfig
 from streamtrain.trainer.features import Featurizer, pool
-from streamtrain.trainer.params import DenseLayout, ParamSync, RowLayout
 from streamtrain.trainer.models import build_model, model_spec
+from streamtrain.trainer.params import DenseLayout, ParamSync, RowLayout
 
 
 class Scorer:

@@ -28,14 +28,15 @@ from dataclasses import dataclass, field
 
 import redis
 import torch
+
 from streamtrain.infra import Endpoints
-from streamtrain.schemas.config import JobConfig
+from streamtrain.infra.metrics import TrainerMetrics
 from streamtrain.jobstate.errors import TaskLostError
 from streamtrain.jobstate.etcd import Etcd, Lease
 from streamtrain.jobstate.membership import register_trainer, wait_for_job_config
-from streamtrain.infra.metrics import TrainerMetrics
 from streamtrain.jobstate.tasks import ClaimedTask
 from streamtrain.schemas import DeadLetter, EtcdKeys
+from streamtrain.schemas.config import JobConfig
 from streamtrain.trainer.assembly import TrainerParts, assemble, resharded
 from streamtrain.trainer.broker import Broker
 from streamtrain.trainer.committer import Ended

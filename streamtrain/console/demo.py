@@ -197,9 +197,9 @@ def run_demo(target: LocalServices | Endpoints, console: Console, *, home: Path 
     the dir for the job file, logs and checkpoints. `on_tick(elapsed_s, supervisor)` is called
     on every refresh (tests use it to inject faults).
     """
-    from streamtrain.schemas.config import JobConfig
     from streamtrain.console.live import follow, headlines, render
     from streamtrain.local import LocalJob
+    from streamtrain.schemas.config import JobConfig
 
     started = time.monotonic()
     console.rule("streamtrain demo")

@@ -27,8 +27,8 @@ STATE_CHECK_S = 1.0
 def run_job(job: LocalJob, console: Console, stop: threading.Event | None = None) -> LocalJobResult:
     """Run `job` (not yet started) until SIGINT/SIGTERM or `stop` is set; print its status
     meanwhile and a summary at the end."""
-    from streamtrain.infra.signals import handle_stop_signals
     from streamtrain.console.live import follow, headline, headlines
+    from streamtrain.infra.signals import handle_stop_signals
 
     stop = stop or threading.Event()
     restore = handle_stop_signals(stop)

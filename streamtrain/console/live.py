@@ -36,6 +36,7 @@ def follow(job: LocalJob, stop: threading.Event, deadline: float | None, events:
     snap = None
     while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
         if on_tick is not None:
+            assert job.monitor is not None and job.supervisor is not None  # ticks are of a started job
             on_tick(time.monotonic() - job.monitor.started, job.supervisor)
         events.extend(job.events())
         snap = job.status()
@@ -117,8 +118,8 @@ def render(snap: Snapshot, supervisor: Supervisor, job: str, events: list[str]) 
         procs.add_row(c.name, f"[{colour}]{c.state}[/{colour}]", _num(c.pid, "{}"), str(c.restarts),
                       _num(c.last_exit, "{}"), detail)
 
-    parts = [top, procs]
+    shown: list[Table | Text] = [top, procs]
     if events or snap.errors:
-        parts.append(Text("\n".join([*events[-3:], *snap.errors[-2:]]), style="dim"))
-    parts.append(Text("Ctrl-C stops the demo: children get SIGTERM, then the services stop.", style="dim"))
-    return Group(*parts)
+        shown.append(Text("\n".join([*events[-3:], *snap.errors[-2:]]), style="dim"))
+    shown.append(Text("Ctrl-C stops the demo: children get SIGTERM, then the services stop.", style="dim"))
+    return Group(*shown)

@@ -24,8 +24,15 @@ from dataclasses import dataclass
 
 from streamtrain.jobstate import job_checkpoints as cut
 from streamtrain.jobstate.etcd import Etcd
-from streamtrain.schemas import (ROLLBACK_PAUSE, CheckpointRequest, EtcdKeys, LatestCheckpoint, PauseRequest,
-                                 RollbackRequest, StreamtrainError)
+from streamtrain.schemas import (
+    ROLLBACK_PAUSE,
+    CheckpointRequest,
+    EtcdKeys,
+    LatestCheckpoint,
+    PauseRequest,
+    RollbackRequest,
+    StreamtrainError,
+)
 
 
 class CheckpointError(StreamtrainError, RuntimeError):

@@ -19,7 +19,6 @@ from typing import Any
 from streamtrain.infra import Endpoints
 from streamtrain.schemas import StreamtrainError
 
-
 BASE64_FORMATS = ("binary", "avro", "protobuf")  # records that are bytes, not text
 
 
@@ -51,12 +50,12 @@ class Predictor:
     def connect(cls, endpoints: Endpoints, job: str) -> tuple[Predictor, Any]:  # Any: a redis client
         """Returns the predictor and the Redis client it scores through (close it when done)."""
         from streamtrain.infra.clients import redis_client
-        from streamtrain.schemas.config import JobConfigError
         from streamtrain.jobstate.errors import CoordinationError
         from streamtrain.jobstate.etcd import Etcd
         from streamtrain.jobstate.membership import read_job_config
         from streamtrain.jobstate.sharding import SlotMap
         from streamtrain.schemas import EtcdKeys
+        from streamtrain.schemas.config import JobConfigError
 
         etcd = Etcd.connect(endpoints)
         try:

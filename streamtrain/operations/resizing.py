@@ -28,13 +28,13 @@ from dataclasses import dataclass
 
 from streamtrain.jobstate import job_checkpoints as cut
 from streamtrain.jobstate.etcd import Etcd, mod_revision_is, put_op
-from streamtrain.params.optimizers import make_rule
 from streamtrain.jobstate.sharding import SlotMap
+from streamtrain.operations.checkpoints import Paused, request_checkpoint, rollback
+from streamtrain.params.optimizers import make_rule
 from streamtrain.pserver.resharding import regroup
 from streamtrain.pserver.storage import ShardStorage
 from streamtrain.schemas import EtcdKeys, ResizeRecord, ShardCheckpoint, StreamtrainError, Topics
 from streamtrain.schemas.config import JobConfig
-from streamtrain.operations.checkpoints import Paused, request_checkpoint, rollback
 
 
 class ResizeError(StreamtrainError, RuntimeError):

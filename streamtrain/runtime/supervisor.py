@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .command import Command
-from .warm import Forked, start as start_warm
+from .warm import Forked
+from .warm import start as start_warm
 
 _PR_SET_PDEATHSIG = 1
 

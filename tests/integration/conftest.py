@@ -16,13 +16,13 @@ import pytest
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from streamtrain.infra import Endpoints
-from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.errors import TaskLostError
 from streamtrain.jobstate.etcd import Etcd
-from streamtrain.jobstate.tasks import ClaimedTask, TaskClient
 from streamtrain.jobstate.offsets import InputOffsets
+from streamtrain.jobstate.tasks import ClaimedTask, TaskClient
 from streamtrain.master.service import Master
 from streamtrain.schemas import EtcdKeys, Holder, PartitionCursor
+from streamtrain.schemas.config import JobConfig
 from streamtrain.trainer.reader import RangeReader
 
 T = TypeVar("T")

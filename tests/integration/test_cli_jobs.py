@@ -22,10 +22,10 @@ from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.offsets import InputOffsets
 from streamtrain.master.service import Master
 from streamtrain.pserver.shard import PserverShard, ShardOptions
-from streamtrain.schemas import EtcdKeys, RedisKeys, ResizeRecord
 from streamtrain.runtime.supervisor import pid_alive
-from test_trainer import MODEL, Background, applied_exactly, finished, make_job, write_examples
+from streamtrain.schemas import EtcdKeys, RedisKeys, ResizeRecord
 from streamtrain.trainer.worker import Trainer
+from test_trainer import MODEL, Background, applied_exactly, finished, make_job, write_examples
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 

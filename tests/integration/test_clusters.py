@@ -13,17 +13,17 @@ import signal
 from collections.abc import Iterator
 
 import pytest
-from conftest import wait_for
-from test_kafka_cluster import partition_leaders
-from test_redis_cluster import serving_port
-from test_trainer import MODEL, all_done, applied_exactly, job_and_one_process_auc, make_job, write_examples
 
+from conftest import wait_for
 from streamtrain import JobConfig, LocalJob
 from streamtrain.infra import LocalServices, Ports
 from streamtrain.infra.clients import TopicSpec, ensure_topics, redis_client
 from streamtrain.infra.endpoints import ENV_ETCD, ENV_KAFKA, ENV_REDIS
 from streamtrain.infra.etcd_server import is_leader
 from streamtrain.schemas import RedisKeys, Topics
+from test_kafka_cluster import partition_leaders
+from test_redis_cluster import serving_port
+from test_trainer import MODEL, all_done, applied_exactly, job_and_one_process_auc, make_job, write_examples
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 

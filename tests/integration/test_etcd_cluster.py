@@ -14,15 +14,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
-from test_trainer import MODEL, all_done, applied_exactly, make_job, write_examples
 
+from conftest import wait_for
 from streamtrain import JobConfig, LocalJob
 from streamtrain.infra import InfraError, LocalServices, Ports
 from streamtrain.infra.clients import etcd_client
 from streamtrain.infra.cluster import etcd_members
 from streamtrain.infra.endpoints import ENV_KAFKA, ENV_REDIS
 from streamtrain.infra.etcd_server import EtcdServer, is_leader
+from test_trainer import MODEL, all_done, applied_exactly, make_job, write_examples
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 

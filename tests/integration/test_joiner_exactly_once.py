@@ -6,12 +6,12 @@ import threading
 from collections import Counter
 
 import pytest
-from topic_reader import read_topic
 
 from streamtrain import schemas
 from streamtrain.producers.clickmodel import ClickModel, ClickModelConfig
 from streamtrain.producers.sink import KafkaSink
 from streamtrain.producers.synthetic import SyntheticSource, SyntheticSourceConfig
+from topic_reader import read_topic
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from conftest import wait_for
-from test_trainer import MODEL, applied_exactly, make_job, write_examples
-
 from streamtrain import JobConfig, LocalJob
 from streamtrain.runtime.supervisor import pid_alive
+from test_trainer import MODEL, applied_exactly, make_job, write_examples
 
 
 def test_a_local_job_trains_its_pass_checkpoints_and_leaves_no_process(services, redis_conn, topic_factory,

@@ -13,8 +13,7 @@ from confluent_kafka.admin import AdminClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import (FakeTrainer, assert_exact_cover, cursors, job_config, produce, stable_ends,
-                      wait_for)
+from conftest import FakeTrainer, assert_exact_cover, cursors, job_config, produce, stable_ends, wait_for
 from streamtrain.jobstate.errors import TaskLostError
 from streamtrain.jobstate.etcd import Etcd
 from streamtrain.jobstate.membership import members, register_pserver, register_trainer

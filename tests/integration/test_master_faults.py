@@ -11,12 +11,23 @@ import time
 
 import pytest
 
-from conftest import (FakeTrainer, MasterProcess, MasterThread, assert_exact_cover, cursors, job_config,
-                      leader_name, produce, stable_ends, wait_for, write_job_file)
+from conftest import (
+    FakeTrainer,
+    MasterProcess,
+    MasterThread,
+    assert_exact_cover,
+    cursors,
+    job_config,
+    leader_name,
+    produce,
+    stable_ends,
+    wait_for,
+    write_job_file,
+)
 from streamtrain.jobstate.errors import EtcdError, NotLeaderError
 from streamtrain.jobstate.etcd import Etcd, put_op
-from streamtrain.jobstate.tasks import TaskClient
 from streamtrain.jobstate.offsets import InputOffsets
+from streamtrain.jobstate.tasks import TaskClient
 from streamtrain.master.service import Master
 from streamtrain.schemas import CheckpointRequest, EtcdKeys, JobState
 

@@ -10,10 +10,10 @@ import pytest
 from confluent_kafka import Producer
 
 from conftest import wait_for
-from streamtrain.operations.curves import write_curves
-from streamtrain.jobstate.etcd import Etcd
 from streamtrain.infra.metrics import scrape as scrape_url
 from streamtrain.infra.metrics import serve_metrics
+from streamtrain.jobstate.etcd import Etcd
+from streamtrain.operations.curves import write_curves
 from streamtrain.schemas import TaskReport, Topics
 from test_trainer import MODEL, Background, finished, make_job, run_job, write_examples
 

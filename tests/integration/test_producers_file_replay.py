@@ -8,11 +8,11 @@ from collections import Counter
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import wait_for
-from topic_reader import read_topic
 
+from conftest import wait_for
 from streamtrain.producers.replay import FileReplay, ReplayConfig
 from streamtrain.producers.sink import KafkaSink
+from topic_reader import read_topic
 
 pytestmark = pytest.mark.services
 

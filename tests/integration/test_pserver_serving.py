@@ -9,9 +9,9 @@ import pytest
 import redis
 import torch
 
+from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.params.optimizers import Adagrad
 from streamtrain.params.paramstore import ParamClient, ParamsUnavailableError
-from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.params.watches import AppliedWatch
 from streamtrain.pserver.redis_rounds import Publisher, Snapshot
 from streamtrain.pserver.state import Changes, ShardState

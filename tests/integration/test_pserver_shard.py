@@ -15,13 +15,24 @@ from conftest import StreamtrainProcess, job_config, publish_job, read_partition
 from streamtrain.infra import Endpoints
 from streamtrain.infra.clients import TopicSpec, ensure_topics
 from streamtrain.jobstate.etcd import Etcd
+from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.params.optimizers import make_rule
 from streamtrain.params.paramstore import ParamClient, ParamsUnavailableError
-from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.pserver.shard import PserverShard, ShardOptions
 from streamtrain.pserver.state import ShardState
-from streamtrain.schemas import (CheckpointRequest, DeadLetter, DenseSlice, EtcdKeys, GradientDelta, PartitionCursor,
-                                 RedisKeys, SparseRows, TaskRecord, Topics, encode_rows_matrix)
+from streamtrain.schemas import (
+    CheckpointRequest,
+    DeadLetter,
+    DenseSlice,
+    EtcdKeys,
+    GradientDelta,
+    PartitionCursor,
+    RedisKeys,
+    SparseRows,
+    TaskRecord,
+    Topics,
+    encode_rows_matrix,
+)
 
 pytestmark = pytest.mark.services
 

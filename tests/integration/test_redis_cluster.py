@@ -15,14 +15,14 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
-from conftest import wait_for
-from test_trainer import MODEL, all_done, applied_exactly, job_and_one_process_auc, make_job, write_examples
 
+from conftest import wait_for
 from streamtrain import JobConfig, LocalJob
 from streamtrain.infra import InfraError, LocalServices, Ports
 from streamtrain.infra.clients import TopicSpec, ensure_topics, redis_client
 from streamtrain.infra.endpoints import ENV_ETCD, ENV_KAFKA
 from streamtrain.schemas import RedisKeys
+from test_trainer import MODEL, all_done, applied_exactly, job_and_one_process_auc, make_job, write_examples
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 

@@ -10,12 +10,20 @@ import pytest
 
 from conftest import wait_for
 from streamtrain.jobstate.etcd import Etcd
+from streamtrain.operations.resizing import Resized, resize
 from streamtrain.pserver.shard import PserverShard, ShardOptions
 from streamtrain.pserver.storage import ShardStorage
-from streamtrain.operations.resizing import Resized, resize
 from streamtrain.schemas import EtcdKeys, RedisKeys
-from test_trainer import (MODEL, Background, applied_exactly, job_and_one_process_auc, job_holdout_auc, make_job,
-                          run_job, write_examples)
+from test_trainer import (
+    MODEL,
+    Background,
+    applied_exactly,
+    job_and_one_process_auc,
+    job_holdout_auc,
+    make_job,
+    run_job,
+    write_examples,
+)
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 

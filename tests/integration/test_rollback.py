@@ -9,17 +9,26 @@ import numpy as np
 import pytest
 
 from conftest import StreamtrainProcess, wait_for
-from streamtrain.operations.checkpoints import request_checkpoint, rollback
 from streamtrain.jobstate.etcd import Etcd
-from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.jobstate.offsets import InputOffsets
+from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.master.service import Master
+from streamtrain.operations.checkpoints import request_checkpoint, rollback
 from streamtrain.pserver.shard import PserverShard, ShardOptions
 from streamtrain.schemas import EtcdKeys
-from test_trainer import (HOLDOUT, MODEL, Background, applied_counts, applied_exactly, make_job, run_job, shard_stats,
-                          write_examples)
 from streamtrain.trainer.scoring import Scorer
 from streamtrain.trainer.worker import Trainer
+from test_trainer import (
+    HOLDOUT,
+    MODEL,
+    Background,
+    applied_counts,
+    applied_exactly,
+    make_job,
+    run_job,
+    shard_stats,
+    write_examples,
+)
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 

@@ -17,10 +17,18 @@ from streamtrain.master.service import Master
 from streamtrain.pserver.shard import PserverShard, ShardOptions
 from streamtrain.schemas import BarrierSteps, EtcdKeys, RedisKeys
 from streamtrain.schemas.config import SgdMode
-from test_trainer import (MODEL, Background, applied_exactly, finished, make_job, shard_stats,
-                          trainer_process, write_examples)
 from streamtrain.trainer.steps import StepGate
 from streamtrain.trainer.worker import Trainer
+from test_trainer import (
+    MODEL,
+    Background,
+    applied_exactly,
+    finished,
+    make_job,
+    shard_stats,
+    trainer_process,
+    write_examples,
+)
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 

@@ -18,8 +18,8 @@ from confluent_kafka import Producer
 from conftest import StreamtrainProcess, job_config, read_partition, wait_for, wait_for_value
 from streamtrain.infra import Endpoints
 from streamtrain.jobstate.etcd import Etcd
-from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.jobstate.offsets import InputOffsets
+from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.master.service import Master
 from streamtrain.producers.clickmodel import ClickModel
 from streamtrain.pserver.shard import PserverShard, ShardOptions

@@ -13,8 +13,8 @@ from confluent_kafka import Producer
 
 from conftest import read_partition
 from streamtrain.infra import Endpoints
-from streamtrain.schemas.config import InputSection
 from streamtrain.producers.clickmodel import ClickModel
+from streamtrain.schemas.config import InputSection
 from streamtrain.trainer.features import Featurizer
 from streamtrain.trainer.loader import LoaderDiedTwiceError, LoaderSpec, RecordLoader
 

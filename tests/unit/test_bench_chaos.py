@@ -4,8 +4,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.chaos import (_PENDING, _UNKNOWN, RECOVERING_S, Fault, Run, expected_counts, fault_log, first_at_or_above,
-                         holds_schedule, is_back, ledger, recovery, schedule, trailing_rates, under_schedule)
+from bench.chaos import (
+    _PENDING,
+    _UNKNOWN,
+    RECOVERING_S,
+    Fault,
+    Run,
+    expected_counts,
+    fault_log,
+    first_at_or_above,
+    holds_schedule,
+    is_back,
+    ledger,
+    recovery,
+    schedule,
+    trailing_rates,
+    under_schedule,
+)
 from streamtrain.schemas import ShardStats
 
 

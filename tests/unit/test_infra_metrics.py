@@ -7,11 +7,17 @@ import uuid
 import pytest
 from prometheus_client import CollectorRegistry
 
+from streamtrain.infra.metrics import (
+    PORT_ENV,
+    MasterMetrics,
+    PserverMetrics,
+    TrainerMetrics,
+    metrics_port,
+    serve_metrics,
+)
+from streamtrain.infra.metrics import scrape as scrape_url
 from streamtrain.operations.curves import Curves
 from streamtrain.schemas import ShardStats, TaskReport
-from streamtrain.infra.metrics import scrape as scrape_url
-from streamtrain.infra.metrics import (PORT_ENV, MasterMetrics, PserverMetrics, TrainerMetrics, metrics_port,
-                                                serve_metrics)
 
 
 def scrape(port: int) -> dict[str, float]:

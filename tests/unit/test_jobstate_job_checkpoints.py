@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from streamtrain.jobstate.job_checkpoints import job_record, restore_batches
 from streamtrain.jobstate.etcd import MAX_TXN_OPS, Entry
+from streamtrain.jobstate.job_checkpoints import job_record, restore_batches
 from streamtrain.schemas import EtcdKeys, JobRecord, JobState, PartitionCursor, SchemaError, TaskRecord
 
 KEYS = EtcdKeys("ctr")

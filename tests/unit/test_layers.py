@@ -254,7 +254,8 @@ def test_an_upward_import_inside_the_top_package_is_caught() -> None:
     assert violations("streamtrain/console/b.py", "def f():\n    from ..cli import app\n") == [
         "streamtrain/console/b.py:2: console imports cli, a part after it"]
     # The runtime imports no component either; a module in no part is named.
-    assert violations("streamtrain/runtime/c.py", "from streamtrain.infra import Endpoints\nfrom .warm import start\n") == [
+    assert violations("streamtrain/runtime/c.py",
+                      "from streamtrain.infra import Endpoints\nfrom .warm import start\n") == [
         "streamtrain/runtime/c.py:1: runtime imports infra: it imports nothing of streamtrain but itself"]
     assert violations("streamtrain/extra.py", "import os\n") == [
         "streamtrain/extra.py: extra is in no part of the top package: rank it in PARTS"]
@@ -263,7 +264,8 @@ def test_an_upward_import_inside_the_top_package_is_caught() -> None:
     # Down, within a part and to a component: allowed.
     assert violations("streamtrain/console/e.py", "from streamtrain import LocalJob\nfrom ..monitor import Snapshot\n"
                                                   "from streamtrain.runtime.supervisor import Supervisor\n"
-                                                  "from .demo import run_demo\nfrom streamtrain.infra import Endpoints\n") == []
+                                                  "from .demo import run_demo\n"
+                                                  "from streamtrain.infra import Endpoints\n") == []
     assert violations("streamtrain/__main__.py", "from streamtrain.cli import main\n") == []
 
 

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamtrain.jobstate.sharding import mix64, name_salt
 from streamtrain.params.optimizers import make_rule
 from streamtrain.params.rows import DIRECT_IDS, IdIndex, RowTable, distinct, initial_rows
-from streamtrain.jobstate.sharding import mix64, name_salt
 
 
 @settings(max_examples=50, deadline=None)

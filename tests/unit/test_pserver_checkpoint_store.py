@@ -8,8 +8,14 @@ import numpy as np
 import pytest
 
 from streamtrain.params.optimizers import Adagrad, Adam
-from streamtrain.pserver.checkpoint_store import (MANIFEST, CheckpointError, CheckpointMismatchError, CheckpointStore,
-                                                  _restore, _snapshot)
+from streamtrain.pserver.checkpoint_store import (
+    MANIFEST,
+    CheckpointError,
+    CheckpointMismatchError,
+    CheckpointStore,
+    _restore,
+    _snapshot,
+)
 from streamtrain.pserver.state import ShardState
 from streamtrain.schemas import DenseSlice, GradientDelta, SparseRows, TaskRecord
 

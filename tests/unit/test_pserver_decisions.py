@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from streamtrain.pserver.decisions import (SERVICE_AWAY_S, Schedule, checkpoint_to_take, fold_ready, own_checkpoint_at,
-                                          rolled_back_id)
+from streamtrain.pserver.decisions import (
+    SERVICE_AWAY_S,
+    Schedule,
+    checkpoint_to_take,
+    fold_ready,
+    own_checkpoint_at,
+    rolled_back_id,
+)
 from streamtrain.schemas import CheckpointRequest
 
 OLD, MID, NEW = "00000000000000000100", "00000000000000000200", "00000000000000000300"

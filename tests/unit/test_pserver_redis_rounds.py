@@ -7,12 +7,19 @@ import pytest
 
 from streamtrain.params.optimizers import SGD
 from streamtrain.params.paramstore import stream_id
-from streamtrain.schemas import FlushMark
-from streamtrain.pserver.redis_rounds import (FLUSH_BUSY_S, FLUSH_EVERY_S, FLUSH_KEYS_PER_S, FLUSH_MAX_ROUNDS,
-                                          FLUSH_MAX_ROWS, Publisher, flush_due, flushed_through)
 from streamtrain.pserver.publish_thread import BackgroundPublisher
+from streamtrain.pserver.redis_rounds import (
+    FLUSH_BUSY_S,
+    FLUSH_EVERY_S,
+    FLUSH_KEYS_PER_S,
+    FLUSH_MAX_ROUNDS,
+    FLUSH_MAX_ROWS,
+    Publisher,
+    flush_due,
+    flushed_through,
+)
 from streamtrain.pserver.state import Changes, ShardState
-from streamtrain.schemas import GradientDelta, SparseRows, TaskRecord
+from streamtrain.schemas import FlushMark, GradientDelta, SparseRows, TaskRecord
 
 
 @pytest.mark.parametrize("since_s, dirty, rounds, last_keys, due", [

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streamtrain.params.optimizers import Adagrad, Adam
 from streamtrain.jobstate.sharding import SlotMap
+from streamtrain.params.optimizers import Adagrad, Adam
 from streamtrain.pserver.resharding import NotACutError, regroup
 from streamtrain.pserver.state import ShardState
 from streamtrain.schemas import DenseSlice, GradientDelta, SparseRows, TaskRecord

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 import torch
 
+from streamtrain.params.averages import average_weight
 from streamtrain.params.optimizers import FTRL, Adagrad, Adam
 from streamtrain.params.rows import initial_rows
-from streamtrain.params.averages import average_weight
 from streamtrain.pserver.state import BadDeltaError, ShardState, newest, staleness_damping
 from streamtrain.schemas import DenseSlice, GradientDelta, SparseRows, TaskRecord
 from streamtrain.schemas.gradient import UNKNOWN_BASE

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from streamtrain.infra import Endpoints
-from streamtrain.schemas.config import JobConfig
 from streamtrain.pserver.shard import PserverShard, ShardOptions
 from streamtrain.pserver.storage import ShardStorage
+from streamtrain.schemas.config import JobConfig
 
 NOWHERE = Endpoints("localhost:1", "localhost:2", "redis://localhost:3")  # nothing is connected to
 

@@ -6,8 +6,16 @@ import json
 
 import pytest
 
-from streamtrain.schemas import (CheckpointRequest, LatestCheckpoint, PauseRequest, ResizeRecord, RollbackAck,
-                                 RollbackRequest, SchemaError, ShardCheckpoint)
+from streamtrain.schemas import (
+    CheckpointRequest,
+    LatestCheckpoint,
+    PauseRequest,
+    ResizeRecord,
+    RollbackAck,
+    RollbackRequest,
+    SchemaError,
+    ShardCheckpoint,
+)
 
 DOCUMENTS = [
     PauseRequest("rollback", 1.5),

@@ -6,8 +6,16 @@ import json
 
 import pytest
 
-from streamtrain.schemas import (AppliedSteps, BarrierStats, BarrierSteps, Holder, JobState, SchemaError, ShardStats,
-                                SlotOwners)
+from streamtrain.schemas import (
+    AppliedSteps,
+    BarrierStats,
+    BarrierSteps,
+    Holder,
+    JobState,
+    SchemaError,
+    ShardStats,
+    SlotOwners,
+)
 
 DOCUMENTS = [
     JobState("finished", 12.5),

@@ -6,8 +6,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.crc import key_slot
 
-from streamtrain.schemas import (CONTROLS, TASK_STATES, EtcdKeys, RedisKeys, SchemaError, Topics, partition_label,
-                                 partition_of, validate_job_name)
+from streamtrain.schemas import (
+    CONTROLS,
+    TASK_STATES,
+    EtcdKeys,
+    RedisKeys,
+    SchemaError,
+    Topics,
+    partition_label,
+    partition_of,
+    validate_job_name,
+)
 
 FAST = settings(max_examples=80, deadline=None)
 job_names = st.from_regex(r"[A-Za-z0-9._-]{1,100}", fullmatch=True).filter(lambda s: s not in (".", ".."))

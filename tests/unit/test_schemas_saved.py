@@ -7,8 +7,17 @@ import json
 
 import pytest
 
-from streamtrain.schemas import (ExampleCounts, JobRecord, KeptDocument, LedgerEntry, LedgerSnapshot, SavedBlock,
-                                 SavedTable, SchemaError, StateIndex)
+from streamtrain.schemas import (
+    ExampleCounts,
+    JobRecord,
+    KeptDocument,
+    LedgerEntry,
+    LedgerSnapshot,
+    SavedBlock,
+    SavedTable,
+    SchemaError,
+    StateIndex,
+)
 
 DOCUMENTS = [
     StateIndex(),

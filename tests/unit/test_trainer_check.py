@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import math
 
-from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.offsets import Bounds
 from streamtrain.schemas import Example
+from streamtrain.schemas.config import JobConfig
 from streamtrain.trainer.check import check_records, sample_ranges
 
 

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from streamtrain.schemas.config import JobConfig
 from streamtrain.schemas import Example
-from test_trainer_parts import assert_chunk_decodes_as_one_by_one
+from streamtrain.schemas.config import JobConfig
 from streamtrain.trainer.decoders import ChunkDecoder, DecodeError, make_decoder, stable_id
+from test_trainer_parts import assert_chunk_decodes_as_one_by_one
 
 
 def section(label: str = "clicked", defaults: str = "{}"):

@@ -15,7 +15,6 @@ from streamtrain.schemas import Example
 from streamtrain.schemas.config import JobConfig
 from streamtrain.trainer.decoders import ChunkDecoder
 from streamtrain.trainer.jsonscan import JsonScan
-
 from tests.unit.test_trainer_parts import assert_chunk_decodes_as_one_by_one
 
 FIELDS = ("user", "ad")

@@ -12,9 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamtrain.schemas.config import JobConfig
 from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.schemas import Example
+from streamtrain.schemas.config import JobConfig
 from streamtrain.trainer.decoders import ChunkDecoder, DecodeError, make_decoder
 from streamtrain.trainer.features import Batch, Columns, Featurizer, MiniBatches, pool
 from streamtrain.trainer.metrics import auc

@@ -13,8 +13,16 @@ from streamtrain.params.paramstore import ParamsUnavailableError
 from streamtrain.trainer.committer import one_commit
 from streamtrain.trainer.delivery import DeliveryBroken, DeliveryError
 from streamtrain.trainer.loader import LoaderDiedTwiceError, LoaderError
-from streamtrain.trainer.policy import (ETCD_AWAY_S, KAFKA_AWAY_S, REGISTRY_AWAY_S, Stopped, TaskEnd, group_size,
-                                        heartbeat_due, task_end)
+from streamtrain.trainer.policy import (
+    ETCD_AWAY_S,
+    KAFKA_AWAY_S,
+    REGISTRY_AWAY_S,
+    Stopped,
+    TaskEnd,
+    group_size,
+    heartbeat_due,
+    task_end,
+)
 from streamtrain.trainer.reader import RangeReadError
 
 

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from streamtrain.infra.schema_registry import RegisteredSchema, RegistryUnavailableError
 from streamtrain.schemas.config import JobConfig
-from streamtrain.trainer.registered import DeclaredAvro, DeclaredProtobuf, compile_proto
 from streamtrain.trainer.decoders import ChunkDecoder, DecodeError, make_decoder, stable_id
+from streamtrain.trainer.registered import DeclaredAvro, DeclaredProtobuf, compile_proto
 from test_trainer_parts import assert_chunk_decodes_as_one_by_one
 
 V1 = {"type": "record", "name": "Click", "fields": [

@@ -3,8 +3,7 @@ import pytest
 import torch
 
 from streamtrain.params.paramstore import ParamsUnavailableError, Pull
-from streamtrain.schemas import FlushMark
-from streamtrain.schemas import PublishedRound, RoundRows
+from streamtrain.schemas import FlushMark, PublishedRound, RoundRows
 from streamtrain.trainer.params import DenseLayout, ParamSync
 from streamtrain.trainer.replica import START, Position, RowReplica, follows
 
