@@ -34,7 +34,7 @@ from streamtrain.trainer.committer import Committer, Ended
 from streamtrain.trainer.delivery import Delivery
 from streamtrain.trainer.groups import GroupTrainer, rows_in_flight
 from streamtrain.trainer.loader import RecordLoader
-from streamtrain.trainer.models import build_model, model_spec, use_torch_threads
+from streamtrain.trainer.models import SparseModel, build_model, model_spec, use_torch_threads
 from streamtrain.trainer.own import OwnPushes, OwnRows, clock_floor
 from streamtrain.trainer.params import DenseLayout, GradientBuffer, ParamSync, RowLayout
 from streamtrain.trainer.replica import RowReplica
@@ -78,7 +78,7 @@ class TrainerParts:
     tasks: TaskClient
     chunk_records: int  # records the loader decodes at a time
     loader: RecordLoader  # started, maybe not ready yet
-    model: torch.nn.Module
+    model: SparseModel  # built by `build_model`
     layout: DenseLayout  # the model's dense parameters as blocks, with their initial values
     delivery: Delivery
     committer: Committer
@@ -162,7 +162,7 @@ def slot_map_of(etcd: Etcd, job: str) -> tuple[SlotMap, int]:
     return SlotMap.from_json(slots.value), slots.mod_revision
 
 
-def _sharded(config: JobConfig, trainer_id: str, slot_map: SlotMap, revision: int, model: torch.nn.Module,
+def _sharded(config: JobConfig, trainer_id: str, slot_map: SlotMap, revision: int, model: SparseModel,
              layout: DenseLayout, redis_conn: redis.Redis, device: torch.device, obs: TrainerMetrics) -> ShardedParts:
     shards = slot_map.shards
     rows = RowLayout.of(model.tables)

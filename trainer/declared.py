@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 from decimal import Decimal
+from typing import cast
 
 import msgspec
 import numpy as np
@@ -55,7 +56,7 @@ class DeclaredRecord:
 
     def _get(self, doc: dict, path: str) -> object:
         node: object = doc
-        walked = []
+        walked: list[str] = []
         for key in path.split("."):
             if node is None:
                 break
@@ -161,13 +162,15 @@ def object_lines(values: Sequence[bytes | None]) -> bytes | None:
     line of UTF-8 that starts with '{'; else None. pyarrow 26's reader crashes the process on
     a block whose first record is `null`, and takes bytes that are not UTF-8, which a JSON
     parser refuses, even in a field nobody reads."""
+    # A record without a value (None) makes the join raise TypeError: no lines then.
+    records = cast("Sequence[bytes]", values)
     try:
-        joined = b"\n".join(values)
-    except TypeError:  # a record without a value
+        joined = b"\n".join(records)
+    except TypeError:
         return None
-    if not values or joined.count(b"\n") != len(values) - 1 or b"\r" in joined:
+    if not records or joined.count(b"\n") != len(records) - 1 or b"\r" in joined:
         return None  # a line break inside a record: lines would not be records
-    if not all(value[:1] == b"{" for value in values):
+    if not all(value[:1] == b"{" for value in records):
         return None
     if not joined.isascii():
         try:
@@ -251,7 +254,8 @@ class DeclaredFast:
         dense = np.stack([self._numbers(_column(table, p, n), p, ok) for p in self.fields.dense], axis=1) \
             if self.fields.dense else np.zeros((n, 0))
         labels = self._label(_column(table, self.fields.label.path, n), ok)
-        times = self._times(_column(table, self.fields.time, n), ok) if self.fields.time else np.zeros(n, np.int64)
+        time = self.fields.time
+        times = self._times(_column(table, time, n), time, ok) if time else np.zeros(n, np.int64)
         with np.errstate(over="ignore", invalid="ignore"):
             dense32 = dense.astype(np.float32)
             ok &= np.isfinite(dense32).all(axis=1) & np.isfinite(dense).all(axis=1)
@@ -329,8 +333,8 @@ class DeclaredFast:
         ok[:] = False
         return np.zeros(len(col))
 
-    def _times(self, col: pa.Array, ok: np.ndarray) -> np.ndarray:
-        self._nulls(col, self.fields.time, ok, required=True)
+    def _times(self, col: pa.Array, path: str, ok: np.ndarray) -> np.ndarray:
+        self._nulls(col, path, ok, required=True)
         kind = col.type
         if pa.types.is_integer(kind):
             values = pc.fill_null(col, 0).to_numpy(zero_copy_only=False).astype(np.int64)

@@ -26,7 +26,7 @@ import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NoReturn, cast
 
 import msgspec
 import numpy as np
@@ -42,7 +42,8 @@ from streamtrain.trainer.declared import DeclaredFast, DeclaredJson, object_line
 from streamtrain.trainer.features import Columns
 from streamtrain.trainer.registered import DeclaredAvro, DeclaredProtobuf, Fetch, registry_fetch
 
-Decoder = Callable[[bytes], Example]
+# A record's value, or None for a tombstone, which the decoder refuses (a DecodeError) itself.
+Decoder = Callable[[bytes | None], Example]
 
 _NAME_MAX_BYTES = 255  # schemas: a field name travels behind a u8 length
 _NAMES_CACHED = 4096  # valid field names remembered; a stream of ever new names stays bounded
@@ -99,6 +100,8 @@ class ChunkDecoder:
             columns = self._arrow.parse(values)
             if columns is not None:
                 return Decoded(columns, [])
+        picked: dict[int, _JsonDoc | Example]
+        slow: Sequence[int]
         if self._fast is not None:
             picked, slow = self._fast.parse(values, self.dense_features)
         else:
@@ -121,11 +124,12 @@ class ChunkDecoder:
     def _documents(self, values: Sequence[bytes | None]) -> Decoded:
         """Avro, Protobuf: each value read into a dict (or judged bad), the dicts converted at once."""
         assert self._framed is not None and self._declared is not None
-        docs, at, bad = [], [], []
+        docs: list[dict] = []
+        at, bad = [], []
         for i, value in enumerate(values):
             try:
                 # A tombstone is judged as one by one judges it.
-                docs.append(self._framed.document(value) if value is not None else self._one(value))
+                docs.append(self._framed.document(value) if value is not None else _tombstone())
                 at.append(i)
             except DecodeError as exc:
                 bad.append((i, str(exc)))
@@ -194,23 +198,29 @@ class _JsonFast:
         self._decoder = msgspec.json.Decoder(_JsonDoc)
         self._names: set[str] = set()  # sparse field names seen and valid
 
-    def parse(self, values: Sequence[bytes | None], dense_features: int) -> tuple[dict[int, _JsonDoc], list[int]]:
-        """({position: doc} for records that pass every check, positions for the slow path).
+    def parse(self, values: Sequence[bytes | None], dense_features: int
+              ) -> tuple[dict[int, _JsonDoc | Example], list[int]]:
+        """({position: doc} for records that pass every check, positions for the slow path;
+        the caller adds the slow path's Examples to the same dict).
 
         The common case (every record parses) runs as C-level `map`s; per-record Python only
         runs for a chunk holding a record msgspec refuses."""
+        # A tombstone (None) makes msgspec raise TypeError: that record goes the slow path.
+        records = cast("Sequence[bytes]", values)
+        positions: Sequence[int]
         try:
-            parsed = list(map(self._decoder.decode, values))
-            positions = range(len(values))
+            parsed = list(map(self._decoder.decode, records))
+            positions = range(len(records))
             slow: list[int] = []
         except (msgspec.DecodeError, TypeError):  # ValidationError is a DecodeError
-            parsed, positions, slow = [], [], []
-            for i, value in enumerate(values):
+            parsed, at, slow = [], [], []
+            for i, value in enumerate(records):
                 try:
                     parsed.append(self._decoder.decode(value))
-                    positions.append(i)
+                    at.append(i)
                 except (msgspec.DecodeError, TypeError):
                     slow.append(i)
+            positions = at
         if not parsed:
             return {}, slow
         n = len(parsed)
@@ -229,7 +239,7 @@ class _JsonFast:
         with np.errstate(over="ignore"):
             ok &= np.isfinite(dense.astype(np.float32)).all(axis=1)  # float32 is what the wire carries
         ok &= (labels >= 0.0) & (labels <= 1.0)
-        docs = {positions[j]: parsed[j] for j in np.flatnonzero(ok).tolist()}
+        docs: dict[int, _JsonDoc | Example] = {positions[j]: parsed[j] for j in np.flatnonzero(ok).tolist()}
         slow.extend(positions[j] for j in np.flatnonzero(~ok).tolist())
         return docs, slow
 
@@ -275,9 +285,11 @@ class _JsonArrow:
         if table.num_rows != n:  # an empty line skipped, or two documents on one
             return None
         table = table.combine_chunks()
-        v, sparse, dense, label, ts = (table.column(i).chunk(0) if table.column(i).num_chunks else None
-                                       for i in range(5))
-        if any(c is None or c.null_count for c in (v, sparse, dense, label, ts)):
+        chunked = [table.column(i) for i in range(5)]
+        if not all(c.num_chunks for c in chunked):
+            return None
+        v, sparse, dense, label, ts = (c.chunk(0) for c in chunked)
+        if any(c.null_count for c in (v, sparse, dense, label, ts)):
             return None
         if not pc.all(pc.equal(v, 1)).as_py():
             return None
@@ -322,7 +334,7 @@ def make_decoder(section: InputSection, registry: Fetch | None = None) -> Decode
     return _guarded(_user_decoder(section.format), user=True)
 
 
-_FRAMED = {"avro": DeclaredAvro, "protobuf": DeclaredProtobuf}
+_FRAMED: dict[str, type[DeclaredAvro] | type[DeclaredProtobuf]] = {"avro": DeclaredAvro, "protobuf": DeclaredProtobuf}
 
 
 def _framed_decoder(section: InputSection, registry: Fetch | None) -> DeclaredAvro | DeclaredProtobuf:
@@ -334,9 +346,9 @@ def _framed_decoder(section: InputSection, registry: Fetch | None) -> DeclaredAv
 def _guarded(decode: Callable[[bytes], Example], user: bool = False) -> Decoder:
     failures = Exception if user else (SchemaError, ValueError, TypeError, KeyError, IndexError, UnicodeDecodeError)
 
-    def run(value: bytes) -> Example:
+    def run(value: bytes | None) -> Example:
         if value is None:
-            raise DecodeError("record has no value (a tombstone)")
+            _tombstone()
         try:
             example = decode(value)
         except DecodeError:
@@ -351,6 +363,10 @@ def _guarded(decode: Callable[[bytes], Example], user: bool = False) -> Decoder:
         return example
 
     return run
+
+
+def _tombstone() -> NoReturn:
+    raise DecodeError("record has no value (a tombstone)")
 
 
 def _user_decoder(spec: str) -> Callable[[bytes], Example]:

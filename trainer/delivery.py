@@ -184,6 +184,7 @@ class Delivery:
 
     def _recover(self, exc: KafkaException | None) -> None:
         """Abort the open transaction; a producer that cannot is replaced."""
+        assert self._side is not None, "only commit recovers, and side outputs are only taken under exactly-once"
         error = exc.args[0] if exc is not None else None
         if error is None or error.txn_requires_abort():
             try:

@@ -98,12 +98,13 @@ class Batch:
         """Whether every (example, field) holds exactly one id, as single-valued categorical
         fields do: pooling is then a plain lookup (`pool` with no bags). Looked at once per
         decoded chunk: its mini-batches inherit the answer."""
-        if self.single is None:
+        single = self.single
+        if single is None:
             n = len(self.bags)
             single = n == self.size * self.fields and (
                 n == 0 or (self.bags[0] == 0 and bool((np.diff(self.bags) == 1).all())))
             object.__setattr__(self, "single", single)
-        return self.single
+        return single
 
     def slice(self, start: int, stop: int) -> Batch:
         lo, hi = int(self.offsets[start]), int(self.offsets[stop])
@@ -159,11 +160,11 @@ class Featurizer:
         n, nf = len(columns), len(self.fields)
         examples = np.arange(n, dtype=np.int64)
         ids = [c[0] for c in columns.sparse]
-        example_of = [np.repeat(examples, c[1]) for c in columns.sparse]
-        field_of = [np.full(len(c[0]), f, dtype=np.int64) for f, c in enumerate(columns.sparse)]
+        examples_by_field = [np.repeat(examples, c[1]) for c in columns.sparse]
+        fields_by_field = [np.full(len(c[0]), f, dtype=np.int64) for f, c in enumerate(columns.sparse)]
         raw = np.concatenate(ids) if ids else np.zeros(0, dtype=np.uint64)
-        example_of = np.concatenate(example_of) if ids else np.zeros(0, dtype=np.int64)
-        field_of = np.concatenate(field_of) if ids else np.zeros(0, dtype=np.int64)
+        example_of = np.concatenate(examples_by_field) if ids else np.zeros(0, dtype=np.int64)
+        field_of = np.concatenate(fields_by_field) if ids else np.zeros(0, dtype=np.int64)
         # Field-major in, example-major out; stable, so fields and ids keep their order.
         order = np.argsort(example_of, kind="stable")
         raw, example_of, field_of = raw[order], example_of[order], field_of[order]

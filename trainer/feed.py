@@ -25,7 +25,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from contextlib import closing
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 
 class Source(Protocol):
-    def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[Any]:
+    def read(self, topic: str, partition: int, start: int, end: int) -> Generator[Any, None, None]:
         """The range's records in chunks, in offset order (closed early if the task is
         given up)."""
 

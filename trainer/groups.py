@@ -9,6 +9,7 @@ arithmetic between a pull and a push and touches no broker, etcd or task state.
 from __future__ import annotations
 
 import time
+from typing import cast
 
 import numpy as np
 import torch
@@ -79,7 +80,8 @@ class GroupTrainer:
                 # Every step, the last too: a wait for the push that times out leaves it
                 # pending, and a later pull must then add all of it, as it adds its dense blocks.
                 change = self.own_rows.step(unique, grads)
-                self.own.rows(RowChange(layout.name, unique, change, owners))
+                # `_pull` hashes every row's shard whenever the layout has a width.
+                self.own.rows(RowChange(layout.name, unique, change, cast(np.ndarray, owners)))
 
     def given_up(self) -> None:
         """A task was given up: the model may hold estimates of its steps, which no shard will
@@ -96,11 +98,15 @@ class GroupTrainer:
         dense = since is None or since >= self.pull_every
         self.since_dense = 1 if dense or since is None else since + 1
         # Each row's shard, hashed once: the pull needs the shards' versions, the push splits by them.
-        owners = self.slot_map.shard_of_rows(layout.name, ids) if layout.width else None
-        request = {layout.name: layout.width} if layout.width else {}
-        shards = {layout.name: owners} if layout.width else {}
+        owners: np.ndarray | None = None
+        request: dict[str, int] = {}
+        shards: dict[str, np.ndarray] = {}
+        if layout.width:
+            owners = shards[layout.name] = self.slot_map.shard_of_rows(layout.name, ids)
+            request[layout.name] = layout.width
         tables = self.sync.load(self.sync.send(request, ids, shards, dense=dense).result(), self.own)
-        values = tables.get(layout.name) if layout.width else np.zeros((len(ids), 0), np.float32)
+        # The pull returns the rows of every table requested.
+        values = tables[layout.name] if layout.width else np.zeros((len(ids), 0), np.float32)
         pulled = time.perf_counter()
         metrics.pull_s += pulled - started
         self.obs.pull_seconds.observe(pulled - started)
@@ -125,7 +131,8 @@ class GroupTrainer:
         with torch.no_grad():
             scores = torch.sigmoid(logits).cpu().numpy()
         metrics.observe(batch.labels, scores, float(loss.item()) * batch.size)
-        grads = rows.grad.cpu().numpy() if layout.width else np.zeros((len(unique), 0), np.float32)
+        # The loss depends on `rows` (requires_grad) when the layout has a width: backward set the grad.
+        grads = cast(torch.Tensor, rows.grad).cpu().numpy() if layout.width else np.zeros((len(unique), 0), np.float32)
         dense = self.layout.gradients()
         self.buffer.add_step(layout.name if layout.width else None, unique, grads, owners, dense, self.layout.bases)
         for param in self._params:

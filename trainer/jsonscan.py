@@ -18,6 +18,7 @@ parser gives. Alone it decodes a chunk more than twice as fast as pyarrow's read
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import numba
 import numpy as np
@@ -162,16 +163,16 @@ def scan(buf, starts, ends, names, name_at, width, ids, seg_at, seg_len, num_at,
             elif _is(buf, a, b, k_ts):
                 if top & 16:
                     return -1 - r
-                value = 0
+                ms = 0
                 j = i
                 while j < end and 48 <= buf[j] <= 57:
-                    if value > (9223372036854775807 - (buf[j] - 48)) // 10:
+                    if ms > (9223372036854775807 - (buf[j] - 48)) // 10:
                         return -1 - r
-                    value = value * 10 + (buf[j] - 48)
+                    ms = ms * 10 + (buf[j] - 48)
                     j += 1
                 if j == i or _fraction(buf, j, end) or (buf[i] == 48 and j > i + 1):
                     return -1 - r
-                times[r] = value
+                times[r] = ms
                 i = j
                 top |= 16
             elif _is(buf, a, b, k_label):
@@ -330,12 +331,14 @@ class JsonScan:
         n = len(values)
         if n == 0 or not self.fields:
             return None
+        # A record without a value (None) makes the join raise TypeError: not taken here.
+        records = cast("Sequence[bytes]", values)
         try:
-            joined = b"".join(values)
-        except TypeError:  # a record without a value
+            joined = b"".join(records)
+        except TypeError:
             return None
         buf = np.frombuffer(joined, dtype=np.uint8)
-        lengths = np.fromiter(map(len, values), dtype=np.int64, count=n)
+        lengths = np.fromiter(map(len, records), dtype=np.int64, count=n)
         ends = np.cumsum(lengths)
         starts = ends - lengths
         fields, width = len(self.fields), self.width

@@ -37,9 +37,10 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from typing import cast
 
 from streamtrain.infra import Endpoints
 from streamtrain.schemas import StreamtrainError
@@ -150,14 +151,14 @@ class RecordLoader:
 
     def _restart(self, reason: Exception) -> None:
         standby, self._standby = self._standby, None
-        took = standby is not None and standby.proc.poll() is None
+        took = standby if standby is not None and standby.proc.poll() is None else None  # alive: it takes over
         log.warning("record loader (pid %d) died (%s); %s", self._child.proc.pid, reason,
-                    f"its standby (pid {standby.proc.pid}) takes over" if took else "starting another")
+                    f"its standby (pid {took.proc.pid}) takes over" if took is not None else "starting another")
         self._child.kill()
         self.restarts += 1
-        if standby is not None and not took:
+        if standby is not None and took is None:
             standby.kill()
-        self._child = standby if took else _Child(self._spec)
+        self._child = took if took is not None else _Child(self._spec)
 
     @property
     def pid(self) -> int:
@@ -177,10 +178,10 @@ class RecordLoader:
         if not self._child.ready:
             kind, body = self._recv()
             if kind == "error":
-                raise body
+                raise cast(Exception, body)  # the child sends ("error", an exception)
             self._child.ready = True
 
-    def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[Loaded]:
+    def read(self, topic: str, partition: int, start: int, end: int) -> Generator[Loaded, None, None]:
         """The chunks of `[start, end)`. Closing the iterator early tells the child to stop
         reading that range. A child that dies is replaced and the range goes on after the
         last chunk yielded.
@@ -221,16 +222,18 @@ class RecordLoader:
         done = False
         try:
             while True:
+                # The child's messages (`_serve`): ("chunk", Loaded), ("end", None), ("error", an exception).
                 kind, body = self._recv()
                 if kind == "chunk":
-                    at[0] = body.resume
-                    yield body
+                    loaded = cast(Loaded, body)
+                    at[0] = loaded.resume
+                    yield loaded
                 elif kind == "end":
                     done = True
                     return
                 else:  # "error": raised here, as it would have been in process
                     done = True
-                    raise body
+                    raise cast(Exception, body)
         finally:
             if not done:
                 try:

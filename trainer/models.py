@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import importlib
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -115,11 +116,15 @@ MODEL_SEED = 0
 _BUILDING = threading.Lock()
 
 
-def build_model(config: JobConfig) -> torch.nn.Module:
+def build_model(config: JobConfig) -> SparseModel:
+    """The job's model. Typed as `SparseModel`, whose interface (`tables`, `forward(pooled,
+    dense)`) a user's module implements (the module doc), whether or not it subclasses it."""
     module_name, _, attr = config.model.factory.partition(":")
-    factory: object = importlib.import_module(module_name)
+    found: object = importlib.import_module(module_name)
     for part in attr.split("."):
-        factory = getattr(factory, part)
+        found = getattr(found, part)
+    # `model.factory` names a callable taking a ModelSpec and returning such a module.
+    factory = cast("Callable[[ModelSpec], SparseModel]", found)
     with _BUILDING, torch.random.fork_rng(devices=[]):
         torch.manual_seed(MODEL_SEED)
         return factory(model_spec(config))

@@ -37,6 +37,7 @@ import tempfile
 from collections.abc import Callable
 from importlib.resources import files
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import fastavro
 import msgspec
@@ -49,6 +50,9 @@ from streamtrain.infra.schema_registry import RegisteredSchema, fetch_schema
 from streamtrain.schemas import Example
 from streamtrain.schemas.fields import DeclaredFields
 from streamtrain.trainer.declared import DeclaredRecord
+
+if TYPE_CHECKING:
+    from fastavro.types import Schema
 
 WIRE_MAGIC = 0
 HEADER = 5  # magic byte + schema id
@@ -151,7 +155,8 @@ class DeclaredAvro(_Framed):
         stream = io.BytesIO(value)
         stream.seek(HEADER)
         try:
-            doc = fastavro.schemaless_reader(stream, reader, None)
+            # `reader` is what this class's `_load` made of the schema: fastavro's parsed schema.
+            doc = fastavro.schemaless_reader(stream, cast("Schema", reader), None)
         except (EOFError, ValueError, TypeError, IndexError, KeyError, UnicodeDecodeError) as exc:
             raise self._error(f"avro: the bytes do not match schema id {schema_id}: {exc!r}") from None
         if stream.tell() != len(value):

@@ -152,6 +152,7 @@ class RowReplica:
                     if _at_or_before(entry, position):
                         continue  # before the flush this shard is followed from again
                     break  # still not followed: read on from the flush next time
+                assert entry is not None  # `follows` holds only of a round that decoded
                 self._write(shard, entry)
                 if self.restarts != restarts:  # outgrew the budget: every shard starts again
                     return applied
