@@ -12,6 +12,7 @@ nothing of streamtrain but itself; only `__main__` imports the CLI, the last par
 from __future__ import annotations
 
 import ast
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -177,6 +178,20 @@ def test_every_package_imports_only_the_layers_below_it() -> None:
 def test_every_package_has_a_layer() -> None:
     packages = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests", "bench"}
     assert packages == set(RANK), f"place {sorted(packages - set(RANK))} in LAYERS"
+
+
+def test_every_package_is_installed() -> None:
+    # setuptools installs only the packages pyproject.toml lists: a subpackage left out works
+    # in the editable install the tests use and is missing from a wheel or the image.
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {Path(folder): name for name, folder in setup["package-dir"].items()}
+    found = set()
+    for package in RANK:
+        for init in (ROOT / package).rglob("__init__.py"):
+            relative = init.parent.relative_to(ROOT)
+            top = Path(relative.parts[0])
+            found.add(".".join([folders[top], *relative.parts[1:]]))
+    assert found == set(setup["packages"]), f"pyproject.toml packages: add {sorted(found - set(setup['packages']))}"
 
 
 def test_an_upward_sideways_or_bare_import_is_caught() -> None:
