@@ -340,7 +340,15 @@ def test_a_task_redone_behind_a_dead_trainers_open_transaction_is_not_folded_awa
 
 
 def test_after_flushall_pulls_recover_with_the_right_values(services, redis_conn, unique, tmp_path) -> None:
+    """FLUSHALL as the shard sees it: every key of its job gone at once. Only this job's keys
+    are deleted, in one DEL: the Redis is shared by every test, and is the user's own when
+    STREAMTRAIN_REDIS names one. Keys beside them (another job's, one whose name only begins
+    like this job's, one of no job) must outlive the test."""
     job = unique("psflush")
+    bystanders = {RedisKeys(unique("psother")).version(0): b"other job",
+                  RedisKeys(f"{job}x").version(0): b"a longer job name",
+                  f"not-streamtrain-{job}": b"no job's"}
+    redis_conn.mset(bystanders)
     coord = Etcd.connect(services)
     try:
         publish_job(coord, make_config(job, tmp_path / "ckpt"))
@@ -349,7 +357,9 @@ def test_after_flushall_pulls_recover_with_the_right_values(services, redis_conn
         shard = ShardThread(services, ShardOptions(job, 0, lease_ttl_s=2))
         wait_for(lambda: caught_up(services, redis_conn, job), 30, "shard caught up")
         before, _ = params(redis_conn, job)
-        redis_conn.flushall()
+        flushed = list(redis_conn.scan_iter(RedisKeys(job).pattern))
+        assert RedisKeys(job).version(0).encode() in flushed
+        redis_conn.delete(*flushed)  # one command: no republish can begin between two deletes
         flushed_at = time.monotonic()
 
         def pulled_again() -> bool:
@@ -365,5 +375,7 @@ def test_after_flushall_pulls_recover_with_the_right_values(services, redis_conn
         np.testing.assert_array_equal(after, before)
         assert took < 5, f"republish took {took:.1f} s"
         shard.close()
+        assert redis_conn.mget(list(bystanders)) == list(bystanders.values())
     finally:
         coord.close()
+        redis_conn.delete(*bystanders)
