@@ -172,6 +172,10 @@ def aucs(services, registry, tmp_path_factory) -> dict[str, float]:
     return out
 
 
+# `aucs` counts toward the first of these (pytest-timeout, func_only = false): the registry's
+# start (60 s at most) and five jobs, each waited on for 240 s to finish and 30 s to be applied
+# (`train_one_pass`), 1,410 s at most, besides each single-process run and `job check`.
+@pytest.mark.timeout(1500)
 @pytest.mark.parametrize("name", ["nested", "csv", "avro", "protobuf"])
 def test_a_log_of_its_own_form_trains_as_well_as_example_json(aucs, name) -> None:
     # Each against a single process on the same examples in the same order: the AUC of two

@@ -19,7 +19,7 @@ from streamtrain.jobstate.sharding import SlotMap
 from streamtrain.params.optimizers import make_rule
 from streamtrain.params.paramstore import ParamClient, ParamsUnavailableError
 from streamtrain.pserver.shard import PserverShard, ShardOptions
-from streamtrain.pserver.state import ShardState
+from streamtrain.pserver.state import BadDeltaError, ShardState
 from streamtrain.schemas import (
     CheckpointRequest,
     DeadLetter,
@@ -28,6 +28,7 @@ from streamtrain.schemas import (
     GradientDelta,
     PartitionCursor,
     RedisKeys,
+    SchemaError,
     SparseRows,
     TaskRecord,
     Topics,
@@ -100,12 +101,20 @@ def params(redis_conn, job: str) -> tuple[np.ndarray, dict]:
 
 
 def reference(messages: list[bytes]) -> ShardState:
+    """An in-process shard state fed `messages`. It skips only what the shard dead-letters or
+    drops as unfit (pserver/gradlog.py, `PserverShard._apply_delta`): a value that does not
+    parse (SchemaError) and a delta that does not fit (BadDeltaError). Anything else a delta
+    raises fails the test, rather than being skipped here as the shard might skip it too."""
     state = ShardState(make_rule("adagrad", lr=0.05))
     for m in messages:
         try:
-            state.apply(GradientDelta.from_bytes(m))
-        except Exception:
-            pass
+            parsed = GradientDelta.from_bytes(m)
+        except SchemaError:
+            continue
+        try:
+            state.apply(parsed)
+        except BadDeltaError:
+            continue
     return state
 
 
@@ -331,7 +340,15 @@ def test_a_task_redone_behind_a_dead_trainers_open_transaction_is_not_folded_awa
 
 
 def test_after_flushall_pulls_recover_with_the_right_values(services, redis_conn, unique, tmp_path) -> None:
+    """FLUSHALL as the shard sees it: every key of its job gone at once. Only this job's keys
+    are deleted, in one DEL: the Redis is shared by every test, and is the user's own when
+    STREAMTRAIN_REDIS names one. Keys beside them (another job's, one whose name only begins
+    like this job's, one of no job) must outlive the test."""
     job = unique("psflush")
+    bystanders = {RedisKeys(unique("psother")).version(0): b"other job",
+                  RedisKeys(f"{job}x").version(0): b"a longer job name",
+                  f"not-streamtrain-{job}": b"no job's"}
+    redis_conn.mset(bystanders)
     coord = Etcd.connect(services)
     try:
         publish_job(coord, make_config(job, tmp_path / "ckpt"))
@@ -340,7 +357,9 @@ def test_after_flushall_pulls_recover_with_the_right_values(services, redis_conn
         shard = ShardThread(services, ShardOptions(job, 0, lease_ttl_s=2))
         wait_for(lambda: caught_up(services, redis_conn, job), 30, "shard caught up")
         before, _ = params(redis_conn, job)
-        redis_conn.flushall()
+        flushed = list(redis_conn.scan_iter(RedisKeys(job).pattern))
+        assert RedisKeys(job).version(0).encode() in flushed
+        redis_conn.delete(*flushed)  # one command: no republish can begin between two deletes
         flushed_at = time.monotonic()
 
         def pulled_again() -> bool:
@@ -356,5 +375,7 @@ def test_after_flushall_pulls_recover_with_the_right_values(services, redis_conn
         np.testing.assert_array_equal(after, before)
         assert took < 5, f"republish took {took:.1f} s"
         shard.close()
+        assert redis_conn.mget(list(bystanders)) == list(bystanders.values())
     finally:
         coord.close()
+        redis_conn.delete(*bystanders)

@@ -14,7 +14,7 @@ from confluent_kafka import Producer
 from conftest import read_partition
 from streamtrain.infra import Endpoints
 from streamtrain.producers.clickmodel import ClickModel
-from streamtrain.schemas.config import InputSection
+from streamtrain.schemas.config import InputSection, JobConfigError
 from streamtrain.trainer.features import Featurizer
 from streamtrain.trainer.loader import LoaderDiedTwiceError, LoaderSpec, RecordLoader
 
@@ -90,8 +90,12 @@ def test_a_decoder_that_does_not_import_is_said_at_start(services, topic_factory
     topic = topic_factory("loader")
     loader = RecordLoader(spec(services, topic, 100, fmt="no_such_module_here:decode"))
     try:
-        with pytest.raises(Exception, match="no_such_module_here"):
+        # The child's own JobConfigError, crossed over intact (`_picklable`), not a LoaderError
+        # wrapping its traceback: the trainer says it as the job file's mistake.
+        with pytest.raises(JobConfigError, match=r"^input\.format: 'no_such_module_here:decode': cannot load the "
+                                                  r"decoder: No module named 'no_such_module_here'$") as raised:
             loader.wait_ready()
+        assert raised.value.key == "input.format"
     finally:
         loader.close()
 

@@ -180,9 +180,11 @@ class Beats:
 
     def __init__(self, lost: set[str] = frozenset()) -> None:
         self.calls: list[str] = []
+        self.called_at: dict[str, list[float]] = {}  # per task, time.monotonic() as each call began
         self.lost = lost
 
     def __call__(self, task: ClaimedTask) -> ClaimedTask:
+        self.called_at.setdefault(task.task_id, []).append(time.monotonic())
         self.calls.append(task.task_id)
         if task.task_id in self.lost:
             raise TaskLostError(task.task_id)
@@ -199,7 +201,12 @@ def test_tasks_claimed_ahead_are_heartbeaten_until_begun_and_begun_as_last_heart
         wait_until(lambda: beats.calls.count(ahead) >= 3)  # unbegun, its chunks waiting for room
         first = feed.first(timeout=5)
         assert first.task.value == b"+" * beats.calls.count(first.task.task_id)
-        assert time.monotonic() - first.claimed_at < 5  # the last heartbeat's time, not the claim's
+        # The last heartbeat's time, not the claim's: the feed reads the clock after each
+        # heartbeat returns, so the time it hands on is at or after the last call began; the
+        # claim's time is before the first call began (a heartbeat is due `heartbeat_every_s`
+        # after the claim, and the chunk's time is taken before any heartbeat is sent).
+        last_beat = beats.called_at[first.task.task_id][-1]
+        assert last_beat <= first.claimed_at <= time.monotonic(), (first.claimed_at, beats.called_at)
         begun = beats.calls.count(first.task.task_id)
         while not feed.more().last:
             pass
