@@ -119,7 +119,18 @@ def test_a_command_that_was_not_one_command_is_caught_at_the_first_reply_out_of_
     batch.multi()
     batch.queue(resp.command(b"INCR", b"version"))
     batch.exec()
-    with pytest.raises(redis.InvalidResponse, match="out of step"):
+    # The second SET's OK is read as MULTI's, MULTI's OK where INCR's QUEUED is due.
+    with pytest.raises(redis.InvalidResponse, match="expected QUEUED, got b'OK': replies out of step"):
+        batch.send(FakeRedis())
+
+
+def test_a_reply_read_where_multis_ok_is_due_is_caught() -> None:
+    batch = resp.Batch()
+    batch.add(resp.command(b"SET", b"a", b"1") + resp.command(b"INCR", b"b"))  # counted as one
+    batch.multi()
+    batch.queue(resp.command(b"SET", b"c", b"1"))
+    batch.exec()
+    with pytest.raises(redis.InvalidResponse, match="expected MULTI's OK, got 1: replies out of step"):
         batch.send(FakeRedis())
 
 
